@@ -1,0 +1,3 @@
+from kernelbench_eval.cli import app
+
+app(prog_name="kbeval")

@@ -1,0 +1,192 @@
+"""`kbeval`: a thin command line over the pipeline.
+
+Exit codes: 0 when the command completed (whatever the verdicts), 2 for usage errors (bad options,
+missing folders or files).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernelbench_eval.discover import Discovery, Problem, discover, find_problems, make_candidate, sha256_file
+from kernelbench_eval.display import print_verdict_detail, status_counts, verdict_table
+from kernelbench_eval.evaluate import describe_problem
+from kernelbench_eval.models import RunSettings, Verdict
+from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console()
+DEFAULT_JOBS = os.cpu_count() or 1
+err = Console(stderr=True)
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
+CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
+TrialsOpt = Annotated[int, typer.Option("--trials", help="correctness trials, each on fresh random inputs")]
+AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance")]
+RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance")]
+RepsOpt = Annotated[int, typer.Option("--reps", help="timed calls per model")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed calls before timing")]
+DimOpt = Annotated[list[str] | None, typer.Option(
+    "--dim", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable)")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
+CacheOpt = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
+
+
+def _settings(device: str, trials: int, atol: float, rtol: float, reps: int, warmup: int,
+              dims: list[str] | None, threads: int | None) -> RunSettings:
+    resolved = resolve_device(device)
+    if resolved not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"unknown device {device!r}; use auto, cuda or cpu", param_hint="--device")
+    if resolved == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter("CUDA requested but torch sees no GPU", param_hint="--device")
+    return RunSettings(device=resolved, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+                       dims=_parse_dims(dims or []), threads=threads)
+
+
+def _parse_dims(items: list[str]) -> dict[str, int | float]:
+    dims: dict[str, int | float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise typer.BadParameter(f"{item!r}: expected NAME=NUMBER", param_hint="--dim")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            try:
+                dims[name] = float(value)
+            except ValueError as exc:
+                raise typer.BadParameter(f"{item!r}: {value!r} is not a number", param_hint="--dim") from exc
+    return dims
+
+
+def _run_with_progress(opts: RunOptions, total: int, found: Discovery | None = None) -> RunResult:
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+        task = bar.add_task("judging", total=total, last="")
+
+        def listen(event: str, verdict: Verdict | None) -> None:
+            if verdict is not None:
+                bar.update(task, advance=1, last=f"{verdict.problem}/{verdict.candidate}: {verdict.status}")
+
+        return run(opts, listen, found)
+
+
+@app.command("run")
+def run_cmd(
+    problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
+    candidates: Annotated[Path, typer.Option("--candidates", help="folder of candidates/<problem_id>/*.py")] = Path(
+        "candidates"),
+    out: Annotated[Path, typer.Option("--out", help="results folder; the run goes in OUT/<run-id>/")] = Path(
+        "results"),
+    run_id: Annotated[str | None, typer.Option("--run-id", help="name of the run folder")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue this run folder")] = None,
+    problem: Annotated[list[str] | None, typer.Option("--problem", help="only these problem ids")] = None,
+    device: DeviceOpt = "auto",
+    jobs: JobsOpt = DEFAULT_JOBS,
+    timeout: TimeoutOpt = 300.0,
+    compile_timeout: CompileTimeoutOpt = 600.0,
+    trials: TrialsOpt = 5,
+    atol: AtolOpt = 1e-2,
+    rtol: RtolOpt = 1e-2,
+    reps: RepsOpt = 100,
+    warmup: WarmupOpt = 10,
+    dim: DimOpt = None,
+    threads: ThreadsOpt = None,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
+    settings = _settings(device, trials, atol, rtol, reps, warmup, dim, threads)
+    opts = RunOptions(problems_dir=problems, candidates_dir=candidates, results_dir=out, settings=settings,
+                      run_id=run_id, resume=resume, jobs=jobs, timeout=timeout, compile_timeout=compile_timeout,
+                      cache_dir=cache_dir or default_cache_dir(), only=problem)
+    try:
+        total = len(discover(problems, candidates, problem).candidates)
+        result = _run_with_progress(opts, total)
+    except (FileNotFoundError, FileExistsError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", markup=True)
+    console.print(verdict_table(result.verdicts, title=f"run {result.run_dir.name}"))
+    console.print(f"{len(result.verdicts)} verdicts ({status_counts(result.verdicts)})"
+                  + (f", {result.reused} reused from before" if result.reused else ""))
+    console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}")
+
+
+@app.command("eval")
+def eval_cmd(
+    problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
+                                                 dir_okay=False)],
+    candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
+                                                   dir_okay=False)],
+    out: Annotated[Path | None, typer.Option("--out", help="results folder (default: a temporary one)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the verdict as JSON")] = False,
+    device: DeviceOpt = "auto",
+    timeout: TimeoutOpt = 300.0,
+    compile_timeout: CompileTimeoutOpt = 600.0,
+    trials: TrialsOpt = 5,
+    atol: AtolOpt = 1e-2,
+    rtol: RtolOpt = 1e-2,
+    reps: RepsOpt = 100,
+    warmup: WarmupOpt = 10,
+    dim: DimOpt = None,
+    threads: ThreadsOpt = None,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Judge one candidate file against one problem file and print its verdict."""
+    settings = _settings(device, trials, atol, rtol, reps, warmup, dim, threads)
+    prob = Problem(problem_id=problem_file.stem, path=problem_file, source_sha256=sha256_file(problem_file))
+    found = Discovery(problems={prob.problem_id: prob}, candidates=[make_candidate(prob, candidate_file)], warnings=[])
+    results_dir = out or Path(tempfile.mkdtemp(prefix="kbeval-eval-"))
+    opts = RunOptions(problems_dir=problem_file.parent, candidates_dir=candidate_file.parent,
+                      results_dir=results_dir, settings=settings, jobs=1, timeout=timeout,
+                      compile_timeout=compile_timeout, cache_dir=cache_dir or default_cache_dir(),
+                      run_id=f"eval-{datetime.now():%Y%m%d-%H%M%S}-{candidate_file.stem}")
+    result = run(opts, found=found)
+    verdict = result.verdicts[-1]
+    if json_out:
+        print(verdict.model_dump_json(indent=2))
+        return
+    print_verdict_detail(console, verdict)
+    if verdict.log:
+        console.print(f"log: {result.run_dir / verdict.log}")
+
+
+@app.command("problems")
+def problems_cmd(
+    problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
+    dim: DimOpt = None,
+    timeout: TimeoutOpt = 120.0,
+) -> None:
+    """List the problems with their input shapes (each problem is imported in its own process)."""
+    warnings: list[str] = []
+    try:
+        found = find_problems(problems, warnings)
+    except FileNotFoundError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    dims = _parse_dims(dim or [])
+    table = Table(title=f"problems in {problems}")
+    for col in ("problem", "file", "inputs"):
+        table.add_column(col, overflow="fold")
+    for pid, prob in found.items():
+        shapes, error = describe_problem(prob, dims, timeout)
+        table.add_row(pid, str(prob.path), ", ".join(shapes) if not error else f"[red]{error}[/]")
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    console.print(table)

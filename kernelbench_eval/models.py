@@ -1,0 +1,181 @@
+"""The records that cross a process boundary or land on disk, one pydantic model each.
+
+Everything the harness writes (verdicts, run manifests) and everything a worker process sends back is
+validated through these models, so a torn, forged or stale record fails loudly instead of being
+half-trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal[
+    "ok",
+    "incorrect",
+    "compile_error",
+    "load_error",
+    "runtime_error",
+    "timeout",
+    "crashed",
+    "skipped",
+]
+Device = Literal["cpu", "cuda"]
+
+
+class TimingStats(BaseModel):
+    """Summary of per-call times in milliseconds; the median is the number people compare."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float
+    calls: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> TimingStats:
+        if not samples_ms:
+            raise ValueError("no timing samples")
+        ordered = sorted(samples_ms)
+        if len(ordered) >= 4:
+            q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+        else:
+            q1, q3 = ordered[0], ordered[-1]
+        return cls(
+            median_ms=statistics.median(ordered),
+            mean_ms=statistics.fmean(ordered),
+            std_ms=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
+            min_ms=ordered[0],
+            max_ms=ordered[-1],
+            iqr_ms=q3 - q1,
+            calls=len(ordered),
+        )
+
+
+class RunSettings(BaseModel):
+    """Everything that changes a verdict. Its key decides whether a recorded verdict can be reused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device: Device
+    trials: int = Field(5, ge=1)
+    atol: float = Field(1e-2, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+    warmup: int = Field(10, ge=0)
+    reps: int = Field(100, ge=1)
+    dims: dict[str, int | float] = Field(default_factory=dict)
+    threads: int | None = None
+
+    def key(self) -> str:
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class RunManifest(BaseModel):
+    """`run.json`: how a run was started, so `--resume` continues it with the same seeds and settings."""
+
+    run_id: str
+    settings: RunSettings
+    problems_dir: str
+    candidates_dir: str
+    init_seed: int
+    trial_seeds: list[int]
+    torch_version: str
+    created_at: str
+
+
+class Verdict(BaseModel):
+    """One line of `verdicts.jsonl`: the judgement of one candidate under one set of settings."""
+
+    run_id: str
+    problem: str
+    candidate: str
+    source_sha256: str
+    settings_key: str
+    device: Device
+    device_name: str | None = None
+    torch_version: str
+    status: Status
+    compiled: bool = False
+    compile_cached: bool = False
+    compile_seconds: float | None = None
+    correct: bool = False
+    runtime_ms: float = -1.0
+    ref_runtime_ms: float | None = None
+    speedup: float | None = None
+    runtime_stats: TimingStats | None = None
+    ref_runtime_stats: TimingStats | None = None
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    trials: int = 0
+    trials_passed: int = 0
+    error: str | None = None
+    log: str | None = None
+    wall_seconds: float = 0.0
+    finished_at: str = ""
+
+
+class CompileRecord(BaseModel):
+    """`compile.json` in a build directory: the outcome of importing (and so building) one source."""
+
+    ok: bool
+    status: Status | None = None  # compile_error / load_error / timeout / crashed when not ok
+    error: str | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    torch_version: str = ""
+
+
+# --- messages between the harness and its worker processes -------------------------------------------
+
+
+class TensorMeta(BaseModel):
+    """What a worker saw of one output before it was moved to the CPU and saved."""
+
+    type_name: str
+    exact_tensor: bool
+    device: str | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+
+
+class WorkerRequest(BaseModel):
+    """A command sent to a worker on its stdin, one JSON object a line."""
+
+    op: Literal["import", "load", "prepare", "run", "time", "exit"]
+    # load (candidate role): module file and class to build; prepare (reference role): problem file
+    path: str | None = None
+    class_name: str | None = None
+    init_file: str | None = None
+    init_seed: int | None = None
+    device: Device | None = None
+    dims: dict[str, int | float] = Field(default_factory=dict)
+    threads: int | None = None
+    # prepare: one input set per seed, written to inputs_dir
+    trial_seeds: list[int] = Field(default_factory=list)
+    inputs_dir: str | None = None
+    # run / time
+    inputs_file: str | None = None
+    output_file: str | None = None
+    warmup: int = 0
+    reps: int = 0
+
+
+class WorkerReply(BaseModel):
+    """A worker's answer on its private reply pipe; never parsed from the candidate's stdout."""
+
+    ok: bool
+    error_kind: Literal["load_error", "runtime_error", "compile_error"] | None = None
+    error: str | None = None
+    outputs: list[TensorMeta] = Field(default_factory=list)
+    samples_ms: list[float] = Field(default_factory=list)
+    device_name: str | None = None
+    torch_version: str | None = None
+    input_shapes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0

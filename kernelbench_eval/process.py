@@ -1,0 +1,139 @@
+"""The harness side of an isolated worker: start it, talk to it under a deadline, and always clean up.
+
+Each worker is its own process group (session), so a timeout or the end of an evaluation kills the
+candidate and every process it may have left behind, not only the Python we started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernelbench_eval.models import WorkerReply, WorkerRequest
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerFailure(Exception):
+    """The worker could not answer: it timed out, was killed by a signal, or exited without a reply."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class WorkerProcess:
+    """One worker process; use as a context manager so it is killed with its group however we leave."""
+
+    def __init__(self, workdir: Path, log_path: Path, extra_env: dict[str, str] | None = None,
+                 time_limit: float | None = None) -> None:
+        self.workdir = workdir
+        self.time_limit = time_limit  # the whole budget, named in timeout messages
+        self.log_path = log_path
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._reply_fd = -1
+        self._buffer = b""
+
+    def __enter__(self) -> WorkerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, **self.extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        os.close(write_fd)
+        self._reply_fd = read_fd
+
+    def request(self, req: WorkerRequest, timeout: float) -> WorkerReply:
+        """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit."""
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((req.model_dump_json() + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it is already gone; reading the reply below reports how it ended
+        line = self._read_line(timeout)
+        try:
+            return WorkerReply.model_validate_json(line)
+        except ValueError as exc:
+            raise WorkerFailure("crashed", f"garbled reply from the worker: {str(exc)[:200]}") from exc
+
+    def _read_line(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        limit = self.time_limit or timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerFailure("timeout", f"still running at the {limit:.0f} s limit; process group killed")
+            ready, _, _ = select.select([self._reply_fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._reply_fd, 1 << 16)
+            if not chunk:
+                raise WorkerFailure("crashed", self._exit_description())
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _exit_description(self) -> str:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "closed its reply channel without a verdict; killed"
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            return f"killed by signal {name}"
+        return f"exited with code {code} without a verdict"
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "exit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired, OSError):
+                pass
+        self.kill()  # anything it left behind in its group goes too
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        if self._reply_fd >= 0:
+            os.close(self._reply_fd)
+            self._reply_fd = -1

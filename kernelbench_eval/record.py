@@ -1,0 +1,85 @@
+"""Stage 5: write verdicts so that no crash of the harness ever tears or loses one.
+
+`verdicts.jsonl` is append-only: each verdict is one `write` of one line, flushed to disk before the
+next candidate starts. Everything else (the two-line files, the manifest, summaries) is written to a
+temporary file and renamed into place, so a reader sees the old file or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kernelbench_eval.models import RunManifest, Verdict
+
+VERDICTS = "verdicts.jsonl"
+MANIFEST = "run.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+
+
+def format_runtime(ms: float) -> str:
+    """The seeds' `Runtime:` style: 3 significant digits, `-1.0` when there is no valid time."""
+    if ms < 0:
+        return "-1.0"
+    return f"{float(f'{ms:.3g}'):g}"
+
+
+def two_lines(verdict: Verdict) -> str:
+    return f"Evaluation: {verdict.correct}\nRuntime: {format_runtime(verdict.runtime_ms)}\n"
+
+
+class RunRecorder:
+    """Owns one run directory: the manifest, the verdict log and the per-candidate files."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.verdicts_path = run_dir / VERDICTS
+
+    def write_manifest(self, manifest: RunManifest) -> None:
+        write_atomic(self.run_dir / MANIFEST, manifest.model_dump_json(indent=2))
+
+    def read_manifest(self) -> RunManifest | None:
+        path = self.run_dir / MANIFEST
+        return RunManifest.model_validate_json(path.read_text()) if path.exists() else None
+
+    def log_path(self, problem: str, candidate: str, stage: str) -> Path:
+        return self.run_dir / "logs" / problem / f"{candidate}.{stage}.log"
+
+    def append(self, verdict: Verdict) -> None:
+        line = (verdict.model_dump_json() + "\n").encode()
+        fd = os.open(self.verdicts_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        write_atomic(self.run_dir / verdict.problem / f"{verdict.candidate}.txt", two_lines(verdict))
+
+    def load(self) -> list[Verdict]:
+        """Every complete verdict line; a torn last line (the harness died mid-write) is dropped."""
+        if not self.verdicts_path.exists():
+            return []
+        raw = self.verdicts_path.read_bytes()
+        verdicts, complete = [], raw.endswith(b"\n")
+        lines = raw.split(b"\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                verdicts.append(Verdict.model_validate_json(line))
+            except ValueError:
+                if i == len(lines) - 1 and not complete:
+                    continue
+                raise
+        if not complete:  # rewrite without the torn tail so the next append starts on a fresh line
+            write_atomic(self.verdicts_path, "".join(v.model_dump_json() + "\n" for v in verdicts))
+        return verdicts

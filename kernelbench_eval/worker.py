@@ -1,0 +1,232 @@
+"""The child side of every isolated process: imports, builds, runs and times one model.
+
+Started by `process.WorkerProcess` as `python -m kernelbench_eval.worker --reply-fd N`. Requests arrive
+as JSON lines on stdin; replies go to the private pipe N, never to stdout, which (with stderr) is the
+candidate's log. Expected outputs never enter this process: it only writes what the model returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kernelbench_eval import timing  # noqa: F401  (binds the clocks before candidate code is imported)
+from kernelbench_eval.models import TensorMeta, WorkerReply, WorkerRequest
+
+_BUILD_FAILURE = "Error building extension"
+_BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.modules: dict[str, Any] = {}
+        self.model: Any = None
+        self.device = "cpu"
+
+    # -- ops -----------------------------------------------------------------------------------------
+
+    def op_import(self, req: WorkerRequest) -> WorkerReply:
+        module = self._module(req.path)
+        if req.class_name and not isinstance(getattr(module, req.class_name, None), type):
+            return WorkerReply(ok=False, error_kind="load_error", error=_missing_class(module, req))
+        return WorkerReply(ok=True, torch_version=_torch().__version__)
+
+    def op_prepare(self, req: WorkerRequest) -> WorkerReply:
+        """Reference side: apply size overrides, then write init arguments and one input set per seed."""
+        torch = _torch()
+        module = self._module(req.path)
+        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+        if missing:
+            return WorkerReply(ok=False, error_kind="load_error", error=f"problem lacks {', '.join(missing)}")
+        for name, value in req.dims.items():
+            if hasattr(module, name):
+                setattr(module, name, value)
+        out_dir = Path(req.inputs_dir)
+        torch.save(list(module.get_init_inputs()), out_dir / "init.pt")
+        shapes: list[str] = []
+        for k, seed in enumerate(req.trial_seeds):
+            torch.manual_seed(seed)
+            inputs = list(module.get_inputs())
+            torch.save(inputs, out_dir / f"inputs_{k}.pt")
+            shapes = [_describe(x) for x in inputs]
+        return WorkerReply(ok=True, input_shapes=shapes, torch_version=torch.__version__)
+
+    def op_load(self, req: WorkerRequest) -> WorkerReply:
+        torch = _torch()
+        if req.threads:
+            torch.set_num_threads(req.threads)
+        self.device = req.device or "cpu"
+        module = self._module(req.path)
+        cls = getattr(module, req.class_name or "", None)
+        if not isinstance(cls, type):
+            return WorkerReply(ok=False, error_kind="load_error", error=_missing_class(module, req))
+        init = torch.load(req.init_file, weights_only=True)
+        torch.manual_seed(req.init_seed or 0)
+        try:
+            model = cls(*init)
+        except Exception as exc:  # a wrong __init__ signature is the candidate's fault, not a crash
+            return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
+        self.model = model.to(self.device) if hasattr(model, "to") else model
+        return WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
+
+    def op_run(self, req: WorkerRequest) -> WorkerReply:
+        torch = _torch()
+        inputs = self._inputs(req.inputs_file)
+        with torch.no_grad():
+            out = self.model(*inputs)
+            _sync(self.device)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        metas = [_meta(o) for o in outs]
+        torch.save([o.detach().to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
+        return WorkerReply(ok=True, outputs=metas)
+
+    def op_time(self, req: WorkerRequest) -> WorkerReply:
+        torch = _torch()
+        inputs = self._inputs(req.inputs_file)
+
+        def call() -> object:
+            with torch.no_grad():
+                return self.model(*inputs)
+
+        samples = timing.time_calls(call, self.device, req.warmup, req.reps)
+        return WorkerReply(ok=True, samples_ms=samples)
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _module(self, path: str | None) -> Any:
+        if path not in self.modules:
+            name = f"kbeval_module_{len(self.modules)}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            self.modules[path] = module
+        return self.modules[path]
+
+    def _inputs(self, path: str | None) -> list[Any]:
+        torch = _torch()
+        inputs = torch.load(path, weights_only=True)
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        _torch().cuda.synchronize()
+
+
+def _device_name(device: str) -> str:
+    torch = _torch()
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    import platform
+
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _describe(x: Any) -> str:
+    torch = _torch()
+    if isinstance(x, torch.Tensor):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return repr(x)
+
+
+def _meta(x: Any) -> TensorMeta:
+    torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        return TensorMeta(type_name=type(x).__qualname__, exact_tensor=False)
+    return TensorMeta(
+        type_name=type(x).__qualname__,
+        exact_tensor=type(x) is torch.Tensor,
+        device=str(x.device),
+        dtype=str(x.dtype),
+        shape=list(x.shape),
+    )
+
+
+def _missing_class(module: Any, req: WorkerRequest) -> str:
+    torch = _torch()
+    others = sorted(
+        n for n, v in vars(module).items()
+        if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__module__ == module.__name__
+    )
+    found = f" (it defines {', '.join(others)})" if others else ""
+    return f"no class {req.class_name} in {req.path}{found}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def first_compiler_error(text: str) -> str | None:
+    """The compiler's first `error` line, the one a person fixes first."""
+    for line in text.splitlines():
+        if "error:" in line:  # gcc `file:3:5: error: ...`, nvcc `file(3): error: ...`, `fatal error:`
+            return _BUILD_PATH.sub("", line.strip())[:400]
+    return None
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line message) for an exception raised while importing or running a model."""
+    if isinstance(exc, SyntaxError):
+        return "load_error", f"SyntaxError: {exc.msg} ({Path(exc.filename or '?').name}, line {exc.lineno})"
+    text = str(exc)
+    if _BUILD_FAILURE in text:
+        return "compile_error", first_compiler_error(text) or _one_line(exc)
+    where = _candidate_frame(exc)
+    return "runtime_error", f"{_one_line(exc)}{where}"
+
+
+def _candidate_frame(exc: BaseException) -> str:
+    """` (file:line)` of the innermost frame outside torch and this package, to point at the culprit."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
+    frames = [f for f in frames if "kernelbench_eval" not in f.filename]
+    return f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+
+
+def serve(reply_fd: int) -> None:
+    worker = Worker()
+    for line in sys.stdin:
+        req = WorkerRequest.model_validate_json(line)
+        if req.op == "exit":
+            break
+        started = time.perf_counter()
+        try:
+            reply = getattr(worker, f"op_{req.op}")(req)
+        except Exception as exc:
+            traceback.print_exc()
+            status, message = classify(exc)
+            if req.op in ("import", "load", "prepare") and status == "runtime_error":
+                status = "load_error"
+            reply = WorkerReply(ok=False, error_kind=status, error=message)
+        reply.seconds = time.perf_counter() - started
+        sys.stdout.flush()
+        _write_all(reply_fd, (reply.model_dump_json() + "\n").encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reply-fd", type=int, required=True)
+    serve(parser.parse_args().reply_fd)
+
+
+if __name__ == "__main__":
+    main()

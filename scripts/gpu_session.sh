@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, then the seed corpus end to end. Run from the repo root on the GPU machine:
+#   bash scripts/gpu_session.sh tests|corpus
+# Results land in $OUT (a tarball of the run folder, the logs of each step).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD KBEVAL_CACHE_DIR=/tmp/kbeval-cache PYTHONUNBUFFERED=1 COLUMNS=220
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/gpu.txt"
+case "${1:-tests}" in
+  tests)
+    python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" ;;
+  corpus)
+    run_id=${RUN_ID:-seed-h100}
+    start=$(date +%s)
+    python3 -m kernelbench_eval run --device cuda --out "$OUT/results" --run-id "$run_id" --jobs 16 "${@:2}" \
+      2>&1 | tee "$OUT/run.log"
+    echo "wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/run.log"
+    tar czf "$OUT/results.tgz" -C "$OUT/results" "$run_id" && rm -rf "$OUT/results" ;;
+esac

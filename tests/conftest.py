@@ -1,0 +1,46 @@
+"""Shared fixtures: one real CPU run over the fixture corpus, compiled once and reused by every test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent
+
+
+def kbeval(*args: str, cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the real command line, as a user would, in a child process."""
+    env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200")
+    proc = subprocess.run([sys.executable, "-m", "kernelbench_eval", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kbeval {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_verdicts(run_dir: Path) -> dict[str, dict]:
+    lines = (run_dir / "verdicts.jsonl").read_text().splitlines()
+    return {json.loads(line)["candidate"]: json.loads(line) for line in lines}
+
+
+FIXTURE_RUN_ARGS = ("--device", "cpu", "--problems", str(FIXTURES / "problems"),
+                    "--candidates", str(FIXTURES / "candidates"), "--timeout", "20", "--trials", "3")
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture(scope="session")
+def fixture_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> tuple[Path, subprocess.CompletedProcess]:  # noqa: E501
+    """The first (cold) run: every fixture candidate compiled and judged for real."""
+    out = tmp_path_factory.mktemp("results")
+    proc = kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(out), "--run-id", "cold", cache=build_cache)
+    return out / "cold", proc

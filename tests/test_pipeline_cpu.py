@@ -1,0 +1,148 @@
+"""End to end on the CPU: real load_inline compiles, real subprocesses, every status a candidate can earn."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import FIXTURE_RUN_ARGS, FIXTURES, kbeval, read_verdicts
+
+EXPECTED = {
+    "cpp_honest": "ok",
+    "py_honest": "ok",
+    "cpp_wrong": "incorrect",
+    "py_wrong_shape": "incorrect",
+    "py_nan": "incorrect",
+    "cpp_compile_error": "compile_error",
+    "cpp_runtime_error": "runtime_error",
+    "cpp_hang": "timeout",
+    "cpp_segfault": "crashed",
+    "py_exit": "crashed",
+    "missing_modelnew": "load_error",
+    "syntax_error": "load_error",
+    "empty": "load_error",
+    "py_wrong_init": "load_error",
+    "cuda_relu": "skipped",
+    "identity": "skipped",  # its problem breaks the contract
+}
+
+
+def test_every_candidate_gets_its_status(fixture_run):
+    run_dir, _ = fixture_run
+    verdicts = read_verdicts(run_dir)
+    assert {name: v["status"] for name, v in verdicts.items()} == EXPECTED
+
+
+def test_errors_say_what_went_wrong(fixture_run):
+    verdicts = read_verdicts(fixture_run[0])
+    errors = {name: v["error"] or "" for name, v in verdicts.items()}
+    assert errors["cpp_compile_error"].startswith("main.cpp:")
+    assert "error:" in errors["cpp_compile_error"] and "‘i’" in errors["cpp_compile_error"]
+    assert "picky: expected a 3-D input" in errors["cpp_runtime_error"]
+    assert "SIGSEGV" in errors["cpp_segfault"]
+    assert "20 s limit" in errors["cpp_hang"] and errors["cpp_hang"].startswith("trial 0")
+    assert "without a verdict" in errors["py_exit"]
+    assert "(it defines FusedModel)" in errors["missing_modelnew"]
+    assert "SyntaxError" in errors["syntax_error"] and "line 8" in errors["syntax_error"]
+    assert "empty" in errors["empty"]
+    assert "takes 2 positional arguments" in errors["py_wrong_init"]
+    assert "shape (1, 8, 16), expected (8, 16)" in errors["py_wrong_shape"]
+    assert "NaN" in errors["py_nan"] and "(0, 0)" in errors["py_nan"]
+    assert "values outside atol=0.01 rtol=0.01" in errors["cpp_wrong"] and "max |diff|" in errors["cpp_wrong"]
+    assert "needs cuda" in errors["cuda_relu"]
+    assert "broken_problem.py" in errors["identity"] and "get_inputs" in errors["identity"]
+
+
+def test_correct_candidates_are_timed_and_others_are_not(fixture_run):
+    verdicts = read_verdicts(fixture_run[0])
+    for name, v in verdicts.items():
+        if v["status"] == "ok":
+            assert v["correct"] and v["trials_passed"] == v["trials"] == 3
+            assert v["runtime_ms"] > 0 and v["ref_runtime_ms"] > 0
+            assert v["runtime_stats"]["calls"] == 100
+            assert abs(v["speedup"] - v["ref_runtime_ms"] / v["runtime_ms"]) < 1e-9
+            assert v["max_abs_diff"] < 1e-5
+        else:
+            assert not v["correct"] and v["runtime_ms"] == -1.0 and v["speedup"] is None, name
+
+
+def test_two_line_files_match_the_seed_format(fixture_run):
+    run_dir = fixture_run[0]
+    verdicts = read_verdicts(run_dir)
+    ok = (run_dir / "tiny_linear_relu" / "cpp_honest.txt").read_text().splitlines()
+    assert ok[0] == "Evaluation: True"
+    assert ok[1].startswith("Runtime: ") and float(ok[1].split()[1]) > 0
+    bad = (run_dir / "tiny_linear_relu" / "cpp_wrong.txt").read_text()
+    assert bad == "Evaluation: False\nRuntime: -1.0\n"
+    assert len(list(run_dir.glob("*/*.txt"))) == len(verdicts)
+
+
+def test_logs_hold_the_candidates_output(fixture_run):
+    run_dir = fixture_run[0]
+    verdicts = read_verdicts(run_dir)
+    compile_log = (run_dir / verdicts["cpp_compile_error"]["log"]).read_text()
+    assert "error:" in compile_log
+    runtime_log = (run_dir / verdicts["cpp_runtime_error"]["log"]).read_text()
+    assert "Traceback" in runtime_log and "picky" in runtime_log
+
+
+def test_summary_and_exit_code(fixture_run):
+    _, proc = fixture_run
+    assert proc.returncode == 0
+    assert "16 verdicts" in proc.stdout
+    assert "no problem named 'no_such_problem'" in proc.stderr
+
+
+def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
+    """A second run of unchanged sources recompiles nothing: same .so files, untouched, and marked cached."""
+    cold = read_verdicts(fixture_run[0])
+    libs = {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")}
+    assert len(libs) == 5  # honest, wrong, runtime error, hang, segfault
+    kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(tmp_path), "--run-id", "warm", cache=build_cache)
+    warm = read_verdicts(tmp_path / "warm")
+    assert {n: v["status"] for n, v in warm.items()} == {n: v["status"] for n, v in cold.items()}
+    for name, v in warm.items():
+        if cold[name]["compile_seconds"] is not None:
+            assert v["compile_cached"], name
+    assert {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")} == libs
+    assert warm["cpp_honest"]["compile_seconds"] < 1.0 < cold["cpp_honest"]["compile_seconds"]
+
+
+def test_resume_judges_only_what_is_missing(fixture_run, build_cache, tmp_path):
+    """Drop some verdicts and tear the last line, as a killed harness would; --resume fills exactly the gap."""
+    run_dir = tmp_path / "cold"
+    shutil.copytree(fixture_run[0], run_dir)
+    lines = (run_dir / "verdicts.jsonl").read_text().splitlines()
+    kept = [line for line in lines if not json.loads(line)["candidate"].startswith("py_")]
+    (run_dir / "verdicts.jsonl").write_text("\n".join(kept) + "\n" + kept[-1][:40])
+    kbeval("run", "--resume", str(run_dir), cache=build_cache)
+    final_lines = (run_dir / "verdicts.jsonl").read_text().splitlines()
+    final = [json.loads(line) for line in final_lines]
+    names = [v["candidate"] for v in final]
+    assert len(names) == len(set(names)) == 16  # every verdict exactly once
+    assert final_lines[: len(kept)] == kept  # what was recorded is kept, untouched
+    before = read_verdicts(fixture_run[0])
+    assert {v["candidate"]: v["status"] for v in final} == {n: v["status"] for n, v in before.items()}
+
+
+def test_eval_prints_the_two_lines(build_cache, tmp_path):
+    proc = kbeval("eval", str(FIXTURES / "problems" / "tiny_linear_relu.py"),
+                  str(FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"),
+                  "--device", "cpu", "--out", str(tmp_path), cache=build_cache)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Evaluation: True"
+    assert lines[1].startswith("Runtime: ") and float(lines[1].split()[1]) > 0
+    assert "speedup" in proc.stdout
+
+
+def test_problems_lists_input_shapes(build_cache):
+    proc = kbeval("problems", "--problems", str(FIXTURES / "problems"), "--dim", "batch_size=3", cache=build_cache)
+    assert "float32[3, 32]" in proc.stdout
+    assert "lacks get_inputs" in proc.stdout
+
+
+def test_usage_errors_exit_2(build_cache, tmp_path):
+    missing = kbeval("run", "--device", "cpu", "--problems", str(tmp_path / "nope"), cache=build_cache, check=False)
+    assert missing.returncode == 2 and "problems folder not found" in missing.stderr
+    bad_dim = kbeval("run", "--device", "cpu", "--dim", "batch_size", cache=build_cache, check=False)
+    assert bad_dim.returncode == 2 and "NAME=NUMBER" in bad_dim.stderr

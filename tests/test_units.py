@@ -1,0 +1,160 @@
+"""Fast checks of the pure pieces: comparison, record keeping, discovery, option parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelbench_eval.check import compare_outputs
+from kernelbench_eval.discover import declared_devices, discover, source_problem
+from kernelbench_eval.models import RunSettings, TensorMeta, TimingStats, Verdict
+from kernelbench_eval.record import RunRecorder, format_runtime
+
+
+def meta(t) -> TensorMeta:
+    return TensorMeta(type_name=type(t).__qualname__, exact_tensor=type(t) is torch.Tensor, device=str(t.device),
+                      dtype=str(t.dtype), shape=list(t.shape))
+
+
+def compare(expected: torch.Tensor, got, got_meta=None, atol=1e-2, rtol=1e-2):
+    return compare_outputs([expected], [meta(expected)], [got], [got_meta or meta(got)], atol, rtol)
+
+
+def test_equal_outputs_pass_with_zero_difference():
+    x = torch.rand(4, 5)
+    result = compare(x, x.clone())
+    assert result.passed and result.max_abs_diff == 0.0
+
+
+def test_difference_within_tolerance_passes_and_is_reported():
+    x = torch.ones(10)
+    result = compare(x, x + 0.015)  # 0.015 <= 0.01 + 0.01 * 1
+    assert result.passed and result.max_abs_diff == pytest.approx(0.015, rel=1e-5)
+
+
+def test_difference_outside_tolerance_names_the_worst_element():
+    x = torch.zeros(3, 4)
+    y = x.clone()
+    y[2, 1] = 0.5
+    result = compare(x, y)
+    assert not result.passed
+    assert "1/12 values outside" in result.error and "at (2, 1)" in result.error and "got 0.5" in result.error
+
+
+def test_shape_that_only_broadcasts_fails():
+    x = torch.rand(3, 4)
+    result = compare(x, x.unsqueeze(0))
+    assert not result.passed and "shape" in result.error
+
+
+def test_dtype_must_match_exactly():
+    x = torch.rand(3)
+    result = compare(x, x.double())
+    assert not result.passed and "dtype torch.float64, expected torch.float32" in result.error
+
+
+def test_subclass_output_is_rejected():
+    class Sneaky(torch.Tensor):
+        pass
+
+    x = torch.rand(3)
+    sneaky = x.clone().as_subclass(Sneaky)
+    result = compare(x, sneaky)
+    assert not result.passed and "Sneaky" in result.error
+
+
+def test_nan_where_reference_has_none_fails_even_with_huge_tolerance():
+    x = torch.rand(5)
+    y = x.clone()
+    y[3] = float("nan")
+    result = compare(x, y, atol=1e9, rtol=1e9)
+    assert not result.passed and "NaN" in result.error and "(3,)" in result.error
+
+
+def test_matching_nan_and_inf_are_fine_but_wrong_sign_inf_fails():
+    x = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare(x, x.clone()).passed
+    y = torch.tensor([1.0, float("nan"), float("-inf")])
+    assert not compare(x, y).passed
+
+
+def test_wrong_number_of_outputs_fails():
+    x = torch.rand(2)
+    result = compare_outputs([x], [meta(x)], [x, x], [meta(x), meta(x)], 1e-2, 1e-2)
+    assert not result.passed and "returned 2 outputs, expected 1" in result.error
+
+
+def test_format_runtime_matches_the_seeds():
+    assert format_runtime(13.6123) == "13.6"
+    assert format_runtime(4.4912) == "4.49"
+    assert format_runtime(30.84) == "30.8"
+    assert format_runtime(1234.5) == "1230"
+    assert format_runtime(0.012345) == "0.0123"
+    assert format_runtime(-1.0) == "-1.0"
+
+
+def test_timing_stats_from_samples():
+    stats = TimingStats.from_samples([4.0, 1.0, 3.0, 2.0, 100.0])
+    assert stats.median_ms == 3.0 and stats.min_ms == 1.0 and stats.max_ms == 100.0 and stats.calls == 5
+    assert stats.iqr_ms == pytest.approx(2.0)
+
+
+def test_settings_key_changes_with_anything_that_changes_a_verdict():
+    base = RunSettings(device="cpu")
+    assert base.key() == RunSettings(device="cpu").key()
+    assert base.key() != RunSettings(device="cpu", atol=1e-3).key()
+    assert base.key() != RunSettings(device="cpu", dims={"batch_size": 2}).key()
+
+
+def _verdict(name: str) -> Verdict:
+    return Verdict(run_id="r", problem="p", candidate=name, source_sha256="0" * 64, settings_key="k",
+                   device="cpu", torch_version="t", status="ok")
+
+
+def test_recorder_drops_a_torn_last_line_and_keeps_the_rest(tmp_path):
+    recorder = RunRecorder(tmp_path)
+    recorder.append(_verdict("a"))
+    recorder.append(_verdict("b"))
+    with open(recorder.verdicts_path, "a") as handle:
+        handle.write(_verdict("c").model_dump_json()[:30])  # the harness died mid-write
+    assert [v.candidate for v in recorder.load()] == ["a", "b"]
+    recorder.append(_verdict("c"))
+    assert [v.candidate for v in recorder.load()] == ["a", "b", "c"]
+    assert (tmp_path / "p" / "a.txt").read_text() == "Evaluation: False\nRuntime: -1.0\n"
+
+
+def test_recorder_refuses_a_corrupt_line_in_the_middle(tmp_path):
+    recorder = RunRecorder(tmp_path)
+    recorder.verdicts_path.write_text("not json\n" + _verdict("a").model_dump_json() + "\n")
+    with pytest.raises(ValueError):
+        recorder.load()
+
+
+def test_source_problems_are_one_clear_line():
+    assert "empty" in source_problem(b"  \n")
+    assert "not UTF-8" in source_problem(b"x = '\xff\xfe'")
+    assert "MiB limit" in source_problem(b"#" * (3 * 1024 * 1024))
+    assert source_problem(b"import torch\n") is None
+
+
+def test_declared_devices():
+    assert declared_devices("KBEVAL_DEVICES = ['cpu']\n") == ("cpu",)
+    assert declared_devices("load_inline(name='x', cpp_sources=a, cuda_sources=b)") == ("cuda",)
+    assert declared_devices("import torch\n") is None
+
+
+def test_discover_pairs_candidates_and_reports_problems(tmp_path):
+    (tmp_path / "problems" / "level1").mkdir(parents=True)
+    (tmp_path / "problems" / "level2").mkdir(parents=True)
+    (tmp_path / "problems" / "level1" / "p1.py").write_text("# p1")
+    (tmp_path / "problems" / "level2" / "p1.py").write_text("# duplicate id")
+    (tmp_path / "candidates" / "p1").mkdir(parents=True)
+    (tmp_path / "candidates" / "p1" / "a.py").write_text("class ModelNew: pass\n")
+    (tmp_path / "candidates" / "p1" / "bad.py").write_bytes(b"\xff\xfe")
+    (tmp_path / "candidates" / "orphan").mkdir()
+    found = discover(tmp_path / "problems", tmp_path / "candidates")
+    assert list(found.problems) == ["p1"] and found.problems["p1"].path.parent.name == "level1"
+    assert [c.candidate_id for c in found.candidates] == ["a", "bad"]
+    assert found.candidates[0].invalid is None and "not UTF-8" in found.candidates[1].invalid
+    assert any("already defined" in w for w in found.warnings)
+    assert any("orphan" in w for w in found.warnings)
