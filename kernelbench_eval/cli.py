@@ -7,6 +7,7 @@ missing folders or files).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +18,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kernelbench_eval.compare import changes_table, compare_runs
 from kernelbench_eval.discover import Discovery, Problem, discover, find_problems, make_candidate, sha256_file
 from kernelbench_eval.display import print_verdict_detail, status_counts, verdict_table
 from kernelbench_eval.evaluate import describe_problem
+from kernelbench_eval.gate import BASELINES, GateUsageError, check_gate
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
+from kernelbench_eval.report import FORMATS, load_run, render, write_default_reports
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console()
@@ -126,6 +130,8 @@ def run_cmd(
     console.print(f"{len(result.verdicts)} verdicts ({status_counts(result.verdicts)})"
                   + (f", {result.reused} reused from before" if result.reused else ""))
     console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}")
+    for path in write_default_reports(result.run_dir):
+        console.print(f"report: {path}")
 
 
 @app.command("eval")
@@ -190,3 +196,95 @@ def problems_cmd(
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}")
     console.print(table)
+
+
+def _load_run_or_exit(run_dir: Path) -> list[Verdict]:
+    try:
+        return load_run(run_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}", markup=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help=f"one of: {', '.join(FORMATS)}")] = "table",
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="write here instead of stdout (html defaults to RUN_DIR/report.html)")] = None,
+) -> None:
+    """Render a run's verdicts as a table, CSV, JSON, Markdown, JUnit XML or a self-contained HTML page."""
+    if fmt not in FORMATS:
+        err.print(f"[red]error:[/] unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        raise typer.Exit(2)
+    verdicts = _load_run_or_exit(run_dir)
+    text = render(verdicts, fmt, title=f"kbeval report: {run_dir.name}")
+    if fmt == "html" and output is None:
+        output = run_dir / "report.html"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="the earlier run folder (the baseline)")],
+    run_b: Annotated[Path, typer.Argument(help="the later run folder")],
+    threshold: Annotated[float, typer.Option(
+        "--threshold", help="relative runtime change that counts as faster/slower (0.05 = 5%)", min=0.0)] = 0.05,
+) -> None:
+    """Compare two runs candidate by candidate.
+
+    Exit codes: 0 no regression; 1 a candidate broke (correct in RUN_A, not in RUN_B) or got slower by more
+    than the threshold; 2 usage error (missing run folder).
+    """
+    a, b = _load_run_or_exit(run_a), _load_run_or_exit(run_b)
+    changes = compare_runs(a, b, threshold)
+    regressions = [c for c in changes if c.regression]
+    if changes:
+        console.print(changes_table(changes, title=f"{run_a.name} -> {run_b.name}"))
+    else:
+        console.print(f"no changes between {run_a.name} and {run_b.name}")
+    console.print(f"{len(changes)} changes, {len(regressions)} regressions")
+    if regressions:
+        raise typer.Exit(1)
+
+
+@app.command("gate")
+def gate_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    require_correct: Annotated[bool, typer.Option(
+        "--require-correct/--no-require-correct", help="every candidate must be correct")] = True,
+    min_speedup: Annotated[float | None, typer.Option(
+        "--min-speedup", help="every correct candidate must be at least this much faster than the baseline")] = None,
+    baseline: Annotated[str, typer.Option("--baseline", help=f"speedup baseline: {' or '.join(BASELINES)}")] = "eager",
+    allow_skipped: Annotated[bool, typer.Option("--allow-skipped", help="skipped candidates do not fail")] = False,
+) -> None:
+    """Pass or fail a run for CI; prints one line per candidate that misses the bar.
+
+    Exit codes: 0 every candidate meets the bar; 1 at least one does not; 2 usage error (no such run folder,
+    a run with no verdicts, an unknown baseline, or --baseline compile on a run without a torch.compile
+    baseline).
+    """
+    if baseline not in BASELINES:
+        err.print(f"[red]error:[/] unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}")
+        raise typer.Exit(2)
+    verdicts = _load_run_or_exit(run_dir)
+    if not verdicts:
+        err.print(f"[red]error:[/] {run_dir} has no verdicts")
+        raise typer.Exit(2)
+    try:
+        failures = check_gate(verdicts, require_correct=require_correct, min_speedup=min_speedup,
+                              baseline=baseline, allow_skipped=allow_skipped)
+    except GateUsageError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    for f in failures:
+        console.print(f"FAIL {f.problem}/{f.candidate}: {f.reason}", markup=False, highlight=False, soft_wrap=True)
+    if failures:
+        console.print(f"gate failed: {len(failures)} of {len(verdicts)} candidates miss the bar", markup=False)
+        raise typer.Exit(1)
+    console.print(f"gate passed: all {len(verdicts)} candidates meet the bar", markup=False)

@@ -1,0 +1,66 @@
+"""A pass/fail bar over one run, for CI: every candidate must be correct and (optionally) fast enough."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelbench_eval.models import Verdict
+
+BASELINES = ("eager", "compile")
+
+
+class GateUsageError(ValueError):
+    """The gate cannot be applied as asked (unknown baseline, a baseline the run did not measure)."""
+
+
+@dataclass(frozen=True)
+class GateFailure:
+    problem: str
+    candidate: str
+    reason: str
+
+
+def speedup_field(verdicts: list[Verdict], baseline: str) -> str:
+    """The verdict attribute holding the speedup over BASELINE; GateUsageError when the run lacks it."""
+    if baseline == "eager":
+        return "speedup"
+    if baseline == "compile":
+        # `speedup_vs_compile` is a future Verdict field; older runs (and today's model) do not have it
+        if not verdicts or not all(hasattr(v, "speedup_vs_compile") for v in verdicts):
+            raise GateUsageError("this run has no torch.compile baseline (no speedup_vs_compile in its verdicts); "
+                                 "use --baseline eager")
+        return "speedup_vs_compile"
+    raise GateUsageError(f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}")
+
+
+def _first_line(text: str | None) -> str:
+    stripped = (text or "").strip()
+    return stripped.splitlines()[0][:160] if stripped else ""
+
+
+def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedup: float | None = None,
+               baseline: str = "eager", allow_skipped: bool = False) -> list[GateFailure]:
+    """Every candidate that misses the bar, with why. The speedup bar applies to correct candidates only
+    (an incorrect one has no speedup; `require_correct` is what fails it)."""
+    field = speedup_field(verdicts, baseline)
+    failures: list[GateFailure] = []
+    for v in sorted(verdicts, key=lambda v: (v.problem, v.candidate)):
+        if v.status == "skipped":
+            if not allow_skipped:
+                failures.append(GateFailure(v.problem, v.candidate,
+                                            "skipped" + (f": {_first_line(v.error)}" if v.error else "")))
+            continue
+        if not v.correct:
+            if require_correct:
+                why = _first_line(v.error)
+                failures.append(GateFailure(v.problem, v.candidate, f"not correct ({v.status})"
+                                            + (f": {why}" if why else "")))
+            continue
+        if min_speedup is not None:
+            speed = getattr(v, field, None)
+            if speed is None:
+                failures.append(GateFailure(v.problem, v.candidate, f"no {baseline} speedup recorded"))
+            elif speed < min_speedup:
+                failures.append(GateFailure(v.problem, v.candidate,
+                                            f"speedup {speed:.3g}x < {min_speedup:g}x over {baseline}"))
+    return failures

@@ -1,0 +1,187 @@
+"""Reports over one run's verdicts: a leaderboard frame and writers for table, CSV, JSON, Markdown, JUnit, HTML.
+
+Every writer is a pure function of the verdicts (`kbeval report` and `write_default_reports` only choose
+where the text goes), so the same run always renders the same report.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from kernelbench_eval.display import status_counts, verdict_table
+from kernelbench_eval.models import Verdict
+from kernelbench_eval.record import RunRecorder, write_atomic
+
+FORMATS = ("table", "csv", "json", "markdown", "html", "junit")
+COLUMNS = ["problem", "candidate", "status", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "max_abs_diff",
+           "error", "log"]
+STRING_COLUMNS = ["problem", "candidate", "status", "error", "log"]
+FLOAT_COLUMNS = ["runtime_ms", "ref_runtime_ms", "speedup", "max_abs_diff"]
+# The dtypes of `leaderboard()`; pass them to `pd.read_csv`/`pd.read_json` so that a column that happens to be
+# empty in this run (say, no logs) reads back as the same type instead of being guessed.
+DTYPES: dict[str, str] = {**dict.fromkeys(STRING_COLUMNS, "str"), "correct": "bool",
+                          **dict.fromkeys(FLOAT_COLUMNS, "float64")}
+
+
+def load_run(run_dir: Path) -> list[Verdict]:
+    """The verdicts of one run folder; FileNotFoundError when it is not a run folder."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no such run folder: {run_dir}")
+    recorder = RunRecorder(run_dir)
+    if not recorder.verdicts_path.exists():
+        raise FileNotFoundError(f"{run_dir} has no {recorder.verdicts_path.name}: not a run folder")
+    return recorder.load()
+
+
+def leaderboard(verdicts: list[Verdict]) -> pd.DataFrame:
+    """One row per candidate, sorted by problem, then speedup (fastest first, no speedup last), then name."""
+    rows = [{col: getattr(v, col) for col in COLUMNS} for v in verdicts]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df = df.astype(DTYPES)
+    df = df.sort_values(["problem", "speedup", "candidate"], ascending=[True, False, True], na_position="last",
+                        kind="mergesort")
+    return df.reset_index(drop=True)
+
+
+def best_per_problem(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per problem: its fastest correct candidate and speedup, or NaN in both when none is correct."""
+    rows = []
+    for problem, group in df.groupby("problem", sort=True):
+        good = group[group["correct"] & group["speedup"].notna()]
+        if good.empty:
+            rows.append({"problem": problem, "candidate": None, "speedup": math.nan})
+        else:
+            top = good.sort_values(["speedup", "candidate"], ascending=[False, True]).iloc[0]
+            rows.append({"problem": problem, "candidate": top["candidate"], "speedup": float(top["speedup"])})
+    return pd.DataFrame(rows, columns=["problem", "candidate", "speedup"]).astype(
+        {"problem": "str", "candidate": "str", "speedup": "float64"})
+
+
+# --- writers: verdicts in, text out -----------------------------------------------------------------------
+
+
+def to_table(verdicts: list[Verdict], title: str = "report", width: int | None = None) -> str:
+    """The rich table `kbeval run` prints, plus the best candidate of each problem, rendered to text."""
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None)
+    out.print(verdict_table(verdicts, title=title))
+    out.print(f"{len(verdicts)} verdicts ({status_counts(verdicts)})")
+    for row in best_per_problem(leaderboard(verdicts)).itertuples():
+        best = f"{row.candidate} {row.speedup:.2f}x" if isinstance(row.candidate, str) else "no correct candidate"
+        out.print(f"best {row.problem}: {best}", markup=False)
+    return buffer.getvalue()
+
+
+def to_csv(verdicts: list[Verdict]) -> str:
+    return leaderboard(verdicts).to_csv(index=False)
+
+
+def to_json(verdicts: list[Verdict]) -> str:
+    return leaderboard(verdicts).to_json(orient="records", indent=2) + "\n"
+
+
+def _md_cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = str(value).strip().splitlines()[0] if str(value).strip() else ""
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("`", "\\`"))
+
+
+def _fmt(value: float, spec: str, suffix: str = "") -> str:
+    return "" if value is None or math.isnan(value) or value < 0 else f"{value:{spec}}{suffix}"
+
+
+def to_markdown(verdicts: list[Verdict]) -> str:
+    """A GitHub-flavoured Markdown table (one line per candidate) to paste into a pull request."""
+    df = leaderboard(verdicts)
+    header = ["problem", "candidate", "status", "runtime ms", "ref ms", "speedup", "max abs diff", "error"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", "---", "---", "---:", "---:", "---:", "---:",
+                                                                 "---"]) + "|"]
+    for row in df.itertuples():
+        status = f"**{row.status}**" if row.status != "ok" else "ok"
+        cells = [_md_cell(row.problem), _md_cell(row.candidate), status, _fmt(row.runtime_ms, ".4g"),
+                 _fmt(row.ref_runtime_ms, ".4g"), _fmt(row.speedup, ".2f", "x"), _fmt(row.max_abs_diff, ".2g"),
+                 _md_cell(row.error)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_junit(verdicts: list[Verdict]) -> str:
+    """JUnit XML: one testsuite per problem, one testcase per candidate; incorrect ones fail, skipped ones skip."""
+    root = ET.Element("testsuites", name="kbeval")
+    by_problem: dict[str, list[Verdict]] = {}
+    for v in sorted(verdicts, key=lambda v: (v.problem, v.candidate)):
+        by_problem.setdefault(v.problem, []).append(v)
+    totals = {"tests": 0, "failures": 0, "skipped": 0}
+    total_time = 0.0
+    for problem, group in by_problem.items():
+        failures = sum(1 for v in group if not v.correct and v.status != "skipped")
+        skipped = sum(1 for v in group if v.status == "skipped")
+        seconds = sum(v.wall_seconds for v in group)
+        suite = ET.SubElement(root, "testsuite", name=problem, tests=str(len(group)), failures=str(failures),
+                              errors="0", skipped=str(skipped), time=f"{seconds:.3f}")
+        for v in group:
+            case = ET.SubElement(suite, "testcase", classname=problem, name=v.candidate, time=f"{v.wall_seconds:.3f}")
+            if v.status == "skipped":
+                ET.SubElement(case, "skipped", message=v.error or "skipped")
+            elif not v.correct:
+                failure = ET.SubElement(case, "failure", message=(v.error or v.status).splitlines()[0][:500] if (
+                    v.error or v.status).strip() else v.status, type=v.status)
+                failure.text = "\n".join(x for x in (v.error, f"log: {v.log}" if v.log else None) if x)
+            else:
+                out = ET.SubElement(case, "system-out")
+                out.text = f"runtime {v.runtime_ms:.4g} ms, reference {v.ref_runtime_ms or 0:.4g} ms, " \
+                           f"speedup {v.speedup or 0:.2f}x"
+        totals["tests"] += len(group)
+        totals["failures"] += failures
+        totals["skipped"] += skipped
+        total_time += seconds
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("errors", "0")
+    root.set("time", f"{total_time:.3f}")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def to_html(verdicts: list[Verdict], title: str = "kbeval report") -> str:
+    from kernelbench_eval.html_report import render_html
+
+    return render_html(leaderboard(verdicts), title=title)
+
+
+WRITERS: dict[str, Callable[[list[Verdict]], str]] = {
+    "table": to_table, "csv": to_csv, "json": to_json, "markdown": to_markdown, "junit": to_junit, "html": to_html,
+}
+
+
+def render(verdicts: list[Verdict], fmt: str, title: str = "kbeval report") -> str:
+    if fmt not in WRITERS:
+        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt in ("table", "html"):
+        return WRITERS[fmt](verdicts, title=title)  # type: ignore[call-arg]
+    return WRITERS[fmt](verdicts)
+
+
+DEFAULT_REPORTS = {"leaderboard.csv": "csv", "leaderboard.json": "json", "report.html": "html", "junit.xml": "junit"}
+
+
+def write_default_reports(run_dir: Path) -> list[Path]:
+    """Write leaderboard.csv, leaderboard.json, report.html and junit.xml into RUN_DIR; return their paths."""
+    verdicts = load_run(run_dir)
+    written = []
+    for name, fmt in DEFAULT_REPORTS.items():
+        path = run_dir / name
+        write_atomic(path, render(verdicts, fmt, title=f"kbeval report: {run_dir.name}"))
+        written.append(path)
+    return written
