@@ -52,6 +52,7 @@ class Outcome:
     mean_abs_diff: float | None = None
     stats: TimingStats | None = None
     device_name: str | None = None
+    mutates_inputs: bool = False
 
 
 class _Deadline:
@@ -129,6 +130,7 @@ def _check_trial(worker: WorkerProcess, workdir: Path, trial: int, ref: Referenc
                  outcome: Outcome, deadline: _Deadline) -> bool:
     out_file = workdir / f"out_{trial}.pt"
     reply = _ok(worker.request(_run_request(workdir / f"inputs_{trial}.pt", out_file), deadline.left()))
+    outcome.mutates_inputs = outcome.mutates_inputs or reply.mutated_inputs
     try:
         got = torch.load(out_file, weights_only=True, mmap=True)
     except Exception as exc:  # a forged or unpicklable output is the candidate's failure

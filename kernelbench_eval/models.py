@@ -115,6 +115,7 @@ class Verdict(BaseModel):
     mean_abs_diff: float | None = None
     trials: int = 0
     trials_passed: int = 0
+    mutates_inputs: bool = False  # it changed its inputs in place (judged on the untouched reference anyway)
     error: str | None = None
     log: str | None = None
     wall_seconds: float = 0.0
@@ -175,6 +176,7 @@ class WorkerReply(BaseModel):
     error: str | None = None
     outputs: list[TensorMeta] = Field(default_factory=list)
     samples_ms: list[float] = Field(default_factory=list)
+    mutated_inputs: bool = False
     device_name: str | None = None
     torch_version: str | None = None
     input_shapes: list[str] = Field(default_factory=list)

@@ -199,6 +199,7 @@ def _outcome_fields(outcome: Outcome, ref: Reference) -> dict:
         "status": outcome.status,
         "error": outcome.error,
         "trials_passed": outcome.trials_passed,
+        "mutates_inputs": outcome.mutates_inputs,
         "max_abs_diff": outcome.max_abs_diff,
         "mean_abs_diff": outcome.mean_abs_diff,
         "device_name": outcome.device_name or ref.device_name,

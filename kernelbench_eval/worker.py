@@ -79,13 +79,16 @@ class Worker:
     def op_run(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()
         inputs = self._inputs(req.inputs_file)
+        pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         with torch.no_grad():
             out = self.model(*inputs)
             _sync(self.device)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         metas = [_meta(o) for o in outs]
         torch.save([o.detach().to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
-        return WorkerReply(ok=True, outputs=metas)
+        pairs = zip(inputs, pristine, strict=True)
+        mutated = any(isinstance(x, torch.Tensor) and not torch.equal(x, p) for x, p in pairs)
+        return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated)
 
     def op_time(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()

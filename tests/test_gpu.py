@@ -18,6 +18,8 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
     status = {name: v["status"] for name, v in verdicts.items()}
     assert status["cuda_relu"] == "ok" and status["py_honest"] == "ok"
     assert status["py_wrong_shape"] == "incorrect" and status["py_nan"] == "incorrect"
+    assert status["py_empty"] == "incorrect"  # uninitialised GPU memory never holds the expected values
+    assert status["py_mutates_input"] == "ok" and verdicts["py_mutates_input"]["mutates_inputs"]
     assert status["py_exit"] == "crashed" and status["missing_modelnew"] == "load_error"
     for name in ("cpp_honest", "cpp_wrong", "cpp_hang", "cpp_segfault"):
         assert status[name] == "skipped" and "needs cpu" in verdicts[name]["error"]

@@ -13,6 +13,8 @@ EXPECTED = {
     "cpp_wrong": "incorrect",
     "py_wrong_shape": "incorrect",
     "py_nan": "incorrect",
+    "py_empty": "incorrect",
+    "py_mutates_input": "ok",
     "cpp_compile_error": "compile_error",
     "cpp_runtime_error": "runtime_error",
     "cpp_hang": "timeout",
@@ -66,6 +68,12 @@ def test_correct_candidates_are_timed_and_others_are_not(fixture_run):
             assert not v["correct"] and v["runtime_ms"] == -1.0 and v["speedup"] is None, name
 
 
+def test_inputs_mutated_in_place_are_recorded_not_rewarded(fixture_run):
+    verdicts = read_verdicts(fixture_run[0])
+    assert verdicts["py_mutates_input"]["mutates_inputs"] and verdicts["py_mutates_input"]["status"] == "ok"
+    assert not any(v["mutates_inputs"] for n, v in verdicts.items() if n != "py_mutates_input")
+
+
 def test_two_line_files_match_the_seed_format(fixture_run):
     run_dir = fixture_run[0]
     verdicts = read_verdicts(run_dir)
@@ -89,7 +97,7 @@ def test_logs_hold_the_candidates_output(fixture_run):
 def test_summary_and_exit_code(fixture_run):
     _, proc = fixture_run
     assert proc.returncode == 0
-    assert "16 verdicts" in proc.stdout
+    assert f"{len(EXPECTED)} verdicts" in proc.stdout
     assert "no problem named 'no_such_problem'" in proc.stderr
 
 
@@ -119,7 +127,7 @@ def test_resume_judges_only_what_is_missing(fixture_run, build_cache, tmp_path):
     final_lines = (run_dir / "verdicts.jsonl").read_text().splitlines()
     final = [json.loads(line) for line in final_lines]
     names = [v["candidate"] for v in final]
-    assert len(names) == len(set(names)) == 16  # every verdict exactly once
+    assert len(names) == len(set(names)) == len(EXPECTED)  # every verdict exactly once
     assert final_lines[: len(kept)] == kept  # what was recorded is kept, untouched
     before = read_verdicts(fixture_run[0])
     assert {v["candidate"]: v["status"] for v in final} == {n: v["status"] for n, v in before.items()}
