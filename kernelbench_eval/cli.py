@@ -83,9 +83,8 @@ def _run_with_progress(opts: RunOptions, total: int, found: Discovery | None = N
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
         task = bar.add_task("judging", total=total, last="")
 
-        def listen(event: str, verdict: Verdict | None) -> None:
-            if verdict is not None:
-                bar.update(task, advance=1, last=f"{verdict.problem}/{verdict.candidate}: {verdict.status}")
+        def listen(verdict: Verdict) -> None:
+            bar.update(task, advance=1, last=f"{verdict.problem}/{verdict.candidate}: {verdict.status}")
 
         return run(opts, listen, found)
 

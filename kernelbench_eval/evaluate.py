@@ -58,7 +58,6 @@ class Outcome:
 class _Deadline:
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
-        self.seconds = seconds
 
     def left(self) -> float:
         return max(self.end - time.monotonic(), 0.1)

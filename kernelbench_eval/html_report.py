@@ -75,9 +75,10 @@ JS = """
 
 def _num(value: float, spec: str, suffix: str = "") -> tuple[str, str]:
     """(display text, sort key) for a number that may be missing (NaN, None, or the -1.0 'no time')."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value < 0:
-        return "", ""
-    return f"{value:{spec}}{suffix}", repr(float(value))
+    from kernelbench_eval.report import format_number  # report imports this module lazily, for to_html
+
+    text = format_number(value, spec, suffix)
+    return (text, repr(float(value))) if text else ("", "")
 
 
 def _text(value: object) -> str:

@@ -48,7 +48,7 @@ class RunResult:
     reused: int
 
 
-Listener = Callable[[str, Verdict | None], None]  # ("start", None) / ("candidate", verdict) events
+Listener = Callable[[Verdict], None]  # called with each verdict the moment it is recorded
 
 
 def default_cache_dir() -> Path:
@@ -90,7 +90,7 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     return recorder, manifest
 
 
-def run(opts: RunOptions, listen: Listener = lambda event, verdict: None, found: Discovery | None = None) -> RunResult:
+def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
     recorder, manifest = open_run(opts)
     found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir), opts.only)
@@ -99,7 +99,6 @@ def run(opts: RunOptions, listen: Listener = lambda event, verdict: None, found:
     key = manifest.settings.key()
     todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
     session = _Session(opts, recorder, manifest, found, listen)
-    listen("start", None)
     session.judge(todo)
     return RunResult(recorder.run_dir, recorder.load(), found.warnings, reused=len(found.candidates) - len(todo))
 
@@ -191,7 +190,7 @@ class _Session:
             **fields,
         )
         self.recorder.append(verdict)
-        self.listen("candidate", verdict)
+        self.listen(verdict)
 
 
 def _outcome_fields(outcome: Outcome, ref: Reference) -> dict:

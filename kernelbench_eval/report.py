@@ -97,7 +97,8 @@ def _md_cell(value: object) -> str:
             .replace("`", "\\`"))
 
 
-def _fmt(value: float, spec: str, suffix: str = "") -> str:
+def format_number(value: float | None, spec: str, suffix: str = "") -> str:
+    """A number for people, or "" when it is missing (None, NaN, or the -1.0 'no time')."""
     return "" if value is None or math.isnan(value) or value < 0 else f"{value:{spec}}{suffix}"
 
 
@@ -109,9 +110,9 @@ def to_markdown(verdicts: list[Verdict]) -> str:
                                                                  "---"]) + "|"]
     for row in df.itertuples():
         status = f"**{row.status}**" if row.status != "ok" else "ok"
-        cells = [_md_cell(row.problem), _md_cell(row.candidate), status, _fmt(row.runtime_ms, ".4g"),
-                 _fmt(row.ref_runtime_ms, ".4g"), _fmt(row.speedup, ".2f", "x"), _fmt(row.max_abs_diff, ".2g"),
-                 _md_cell(row.error)]
+        numbers = [format_number(row.runtime_ms, ".4g"), format_number(row.ref_runtime_ms, ".4g"),
+                   format_number(row.speedup, ".2f", "x"), format_number(row.max_abs_diff, ".2g")]
+        cells = [_md_cell(row.problem), _md_cell(row.candidate), status, *numbers, _md_cell(row.error)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
