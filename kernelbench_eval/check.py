@@ -138,3 +138,26 @@ def _index(flat: int, shape: torch.Size) -> str:
         coords.append(flat % size)
         flat //= size
     return str(tuple(reversed(coords)))
+
+
+def degenerate_outputs(expected: list[torch.Tensor], atol: float, rtol: float) -> str | None:
+    """Why a problem's reference output cannot tell a kernel from a constant, or None when it can.
+
+    If a tensor of zeros, or of the output's median, passes the tolerance against the reference, a
+    kernel that computes nothing would be judged correct; the problem needs other sizes or tolerances.
+    """
+    for i, exp in enumerate(expected):
+        if not isinstance(exp, torch.Tensor) or not exp.is_floating_point() or exp.numel() == 0:
+            continue
+        values = _wide(exp.reshape(-1)[: _CHUNK]).double()
+        finite = values[torch.isfinite(values)]
+        if finite.numel() == 0:
+            continue
+        allowed = atol + rtol * finite.abs()
+        for name, constant in (("zeros", 0.0), ("a constant", float(finite.median()))):
+            if bool(((finite - constant).abs() <= allowed).all()):
+                label = f"output {i}" if len(expected) > 1 else "the reference output"
+                return (f"{label} is nearly constant at the tolerance's scale ({name} would pass): mean "
+                        f"{float(finite.mean()):.3g}, std {float(finite.std()) if finite.numel() > 1 else 0.0:.3g}, "
+                        f"min {float(finite.min()):.3g}, max {float(finite.max()):.3g}")
+    return None

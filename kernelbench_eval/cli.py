@@ -39,8 +39,19 @@ CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="sec
 TrialsOpt = Annotated[int, typer.Option("--trials", help="correctness trials, each on fresh random inputs")]
 AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance")]
 RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance")]
-RepsOpt = Annotated[int, typer.Option("--reps", help="timed calls per model")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed calls before timing")]
+RepsOpt = Annotated[int, typer.Option("--reps", help="timed calls per model, at least (budget allowing)")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed calls before timing, at most")]
+WarmupSecondsOpt = Annotated[float, typer.Option("--warmup-seconds", help="warm-up stops after this long")]
+MaxRepsOpt = Annotated[int, typer.Option("--max-reps", help="timed calls per model, at most")]
+RseOpt = Annotated[float, typer.Option("--target-rse", help="stop timing once the median's relative std. error "
+                                                            "is below this")]
+BudgetOpt = Annotated[float, typer.Option("--timing-budget", help="seconds of timing per candidate, at most")]
+GraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="time CUDA-graph replays (falls back to plain calls)")]
+CompileBaselineOpt = Annotated[bool, typer.Option("--compile-baseline/--no-compile-baseline",
+                                                  help="time the reference under torch.compile too")]
+MaxSpeedupOpt = Annotated[float, typer.Option("--max-speedup", help="a larger speedup is `suspicious` (0: no limit)")]
+BaselinesOpt = Annotated[Path | None, typer.Option(
+    "--baselines", help="baseline cache file (default OUT/baselines.json)")]
 DimOpt = Annotated[list[str] | None, typer.Option(
     "--dim", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable)")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
@@ -48,8 +59,8 @@ CacheOpt = Annotated[Path | None, typer.Option(
     "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
 
 
-def _settings(device: str, trials: int, atol: float, rtol: float, reps: int, warmup: int,
-              dims: list[str] | None, threads: int | None) -> RunSettings:
+def _settings(device: str, dims: list[str] | None, threads: int | None, **timing: float | int | bool) -> RunSettings:
+    """The run's settings; on the CPU the thread count is always fixed (and so reported)."""
     resolved = resolve_device(device)
     if resolved not in ("cpu", "cuda"):
         raise typer.BadParameter(f"unknown device {device!r}; use auto, cuda or cpu", param_hint="--device")
@@ -58,8 +69,11 @@ def _settings(device: str, trials: int, atol: float, rtol: float, reps: int, war
 
         if not torch.cuda.is_available():
             raise typer.BadParameter("CUDA requested but torch sees no GPU", param_hint="--device")
-    return RunSettings(device=resolved, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
-                       dims=_parse_dims(dims or []), threads=threads)
+    if resolved == "cpu" and threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return RunSettings(device=resolved, dims=_parse_dims(dims or []), threads=threads, **timing)
 
 
 def _parse_dims(items: list[str]) -> dict[str, int | float]:
@@ -108,15 +122,26 @@ def run_cmd(
     rtol: RtolOpt = 1e-2,
     reps: RepsOpt = 100,
     warmup: WarmupOpt = 10,
+    warmup_seconds: WarmupSecondsOpt = 1.0,
+    max_reps: MaxRepsOpt = 2000,
+    target_rse: RseOpt = 0.01,
+    timing_budget: BudgetOpt = 10.0,
+    cuda_graph: GraphOpt = False,
+    compile_baseline: CompileBaselineOpt = True,
+    max_speedup: MaxSpeedupOpt = 10.0,
     dim: DimOpt = None,
     threads: ThreadsOpt = None,
     cache_dir: CacheOpt = None,
+    baselines: BaselinesOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
-    settings = _settings(device, trials, atol, rtol, reps, warmup, dim, threads)
+    settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+                         warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
+                         timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
+                         max_speedup=max_speedup)
     opts = RunOptions(problems_dir=problems, candidates_dir=candidates, results_dir=out, settings=settings,
                       run_id=run_id, resume=resume, jobs=jobs, timeout=timeout, compile_timeout=compile_timeout,
-                      cache_dir=cache_dir or default_cache_dir(), only=problem)
+                      cache_dir=cache_dir or default_cache_dir(), only=problem, baselines=baselines)
     try:
         total = len(discover(problems, candidates, problem).candidates)
         result = _run_with_progress(opts, total)
@@ -149,18 +174,31 @@ def eval_cmd(
     rtol: RtolOpt = 1e-2,
     reps: RepsOpt = 100,
     warmup: WarmupOpt = 10,
+    warmup_seconds: WarmupSecondsOpt = 1.0,
+    max_reps: MaxRepsOpt = 2000,
+    target_rse: RseOpt = 0.01,
+    timing_budget: BudgetOpt = 10.0,
+    cuda_graph: GraphOpt = False,
+    compile_baseline: CompileBaselineOpt = True,
+    max_speedup: MaxSpeedupOpt = 10.0,
     dim: DimOpt = None,
     threads: ThreadsOpt = None,
     cache_dir: CacheOpt = None,
+    baselines: BaselinesOpt = None,
 ) -> None:
     """Judge one candidate file against one problem file and print its verdict."""
-    settings = _settings(device, trials, atol, rtol, reps, warmup, dim, threads)
+    settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+                         warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
+                         timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
+                         max_speedup=max_speedup)
+    cache = cache_dir or default_cache_dir()
     prob = Problem(problem_id=problem_file.stem, path=problem_file, source_sha256=sha256_file(problem_file))
     found = Discovery(problems={prob.problem_id: prob}, candidates=[make_candidate(prob, candidate_file)], warnings=[])
     results_dir = out or Path(tempfile.mkdtemp(prefix="kbeval-eval-"))
     opts = RunOptions(problems_dir=problem_file.parent, candidates_dir=candidate_file.parent,
                       results_dir=results_dir, settings=settings, jobs=1, timeout=timeout,
-                      compile_timeout=compile_timeout, cache_dir=cache_dir or default_cache_dir(),
+                      compile_timeout=compile_timeout, cache_dir=cache,
+                      baselines=baselines or (None if out else cache / "baselines.json"),
                       run_id=f"eval-{datetime.now():%Y%m%d-%H%M%S}-{candidate_file.stem}")
     result = run(opts, found=found)
     verdict = result.verdicts[-1]
@@ -261,6 +299,8 @@ def gate_cmd(
         "--min-speedup", help="every correct candidate must be at least this much faster than the baseline")] = None,
     baseline: Annotated[str, typer.Option("--baseline", help=f"speedup baseline: {' or '.join(BASELINES)}")] = "eager",
     allow_skipped: Annotated[bool, typer.Option("--allow-skipped", help="skipped candidates do not fail")] = False,
+    allow_suspicious: Annotated[bool, typer.Option(
+        "--allow-suspicious", help="suspicious timings do not fail (they still must meet the other bars)")] = False,
 ) -> None:
     """Pass or fail a run for CI; prints one line per candidate that misses the bar.
 
@@ -277,7 +317,7 @@ def gate_cmd(
         raise typer.Exit(2)
     try:
         failures = check_gate(verdicts, require_correct=require_correct, min_speedup=min_speedup,
-                              baseline=baseline, allow_skipped=allow_skipped)
+                              baseline=baseline, allow_skipped=allow_skipped, allow_suspicious=allow_suspicious)
     except GateUsageError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

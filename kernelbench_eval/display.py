@@ -12,6 +12,7 @@ from kernelbench_eval.record import format_runtime
 
 STATUS_STYLE = {
     "ok": "green",
+    "suspicious": "bold yellow",
     "incorrect": "red",
     "compile_error": "magenta",
     "load_error": "magenta",
@@ -58,7 +59,15 @@ def print_verdict_detail(console: Console, verdict: Verdict) -> None:
     if verdict.runtime_stats and verdict.ref_runtime_stats:
         s, r = verdict.runtime_stats, verdict.ref_runtime_stats
         console.print(f"candidate {s.median_ms:.4g} ms (IQR {s.iqr_ms:.2g}, {s.calls} calls), "
-                      f"reference {r.median_ms:.4g} ms, speedup {verdict.speedup:.3g}x")
+                      f"reference {r.median_ms:.4g} ms, interleaved")
+        console.print(f"speedup vs eager {_speedup(verdict.speedup_vs_eager, verdict.speedup_vs_eager_ci)}, "
+                      f"vs torch.compile {_speedup(verdict.speedup_vs_compile, verdict.speedup_vs_compile_ci)}")
     if verdict.max_abs_diff is not None:
         console.print(f"max |diff| {verdict.max_abs_diff:.3g}, mean |diff| {verdict.mean_abs_diff:.3g}, "
                       f"trials passed {verdict.trials_passed}/{verdict.trials}")
+
+
+def _speedup(value: float | None, interval: tuple[float, float] | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3g}x" + (f" (95% CI {interval[0]:.3g}-{interval[1]:.3g})" if interval else "")

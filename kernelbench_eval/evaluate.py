@@ -1,44 +1,64 @@
-"""Stages 3 and 4: check a compiled candidate against its problem's reference, then time both.
+"""Stages 3 and 4: check a compiled candidate against its problem's reference, then time both side by side.
 
-The reference runs first, in its own worker, once per problem: it writes the init arguments and one
-input set per trial seed, and its outputs are loaded into the harness (then deleted from disk) before
-any candidate starts. Each candidate then gets a fresh worker in a private directory holding copies of
-the inputs only; the harness compares what it sends back.
+One `ProblemSession` per problem keeps the reference's worker alive: it writes the init arguments, one
+input set per trial seed and a few timing input sets, and its outputs are loaded into the harness (then
+deleted from disk) before any candidate starts. Each candidate then gets two fresh workers in a private
+directory holding copies of the inputs only: one for correctness (synchronous CUDA launches, each trial
+run twice over memory filled with different sentinels) and one for timing, interleaved with the
+reference's own worker. The harness compares everything the candidate sends back, timed calls included.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
+import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from kernelbench_eval.check import compare_outputs
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.check import TrialCheck, compare_outputs, degenerate_outputs
 from kernelbench_eval.compile import Compiled, extension_env
 from kernelbench_eval.discover import Problem
-from kernelbench_eval.models import RunManifest, TensorMeta, TimingStats, WorkerReply, WorkerRequest
+from kernelbench_eval.measure import Deadline, Lane, LaneError, block_calls, measure, sm_clock_mhz
+from kernelbench_eval.models import (
+    Baseline,
+    RunSettings,
+    TensorMeta,
+    Timing,
+    TimingStats,
+    WorkerReply,
+    WorkerRequest,
+    baseline_key,
+)
+from kernelbench_eval.plausibility import judge, speedup_reason
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.stats import chained_speedup_ci, rse_of_median, speedup_ci
+
+TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
+SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
+MAX_TIMED_CHECKS = 4
+COMPILE_MODE = "default"
 
 
 @dataclass
-class Reference:
-    problem: Problem
-    workdir: Path
-    log: Path
-    outputs: list[list[torch.Tensor]] = field(default_factory=list)
-    metas: list[list[TensorMeta]] = field(default_factory=list)
-    stats: TimingStats | None = None
-    device_name: str | None = None
-    error: str | None = None
+class Secrets:
+    """Seeds drawn by this harness process and never written to disk, argv or a candidate's environment."""
 
-    def input_file(self, trial: int) -> Path:
-        return self.workdir / f"inputs_{trial}.pt"
+    init_seed: int
+    trial_seeds: list[int]
+    timing_seeds: list[int]
 
-    def discard(self) -> None:
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    @classmethod
+    def draw(cls, trials: int) -> Secrets:
+        return cls(secrets.randbits(31), [secrets.randbits(31) for _ in range(trials)],
+                   [secrets.randbits(31) for _ in range(TIMING_SETS)])
 
 
 @dataclass
@@ -50,101 +70,13 @@ class Outcome:
     trials_passed: int = 0
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
+    runtime_ms: float | None = None
     stats: TimingStats | None = None
+    timing: Timing | None = None
+    speedup_vs_compile: float | None = None
+    speedup_vs_compile_ci: tuple[float, float] | None = None
     device_name: str | None = None
     mutates_inputs: bool = False
-
-
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return max(self.end - time.monotonic(), 0.1)
-
-
-def prepare_reference(problem: Problem, manifest: RunManifest, log: Path, timeout: float) -> Reference:
-    """Run the problem's Model in its own worker: inputs for every trial, expected outputs, timing."""
-    settings = manifest.settings
-    ref = Reference(problem, Path(tempfile.mkdtemp(prefix="kbeval-ref-")), log)
-    deadline = _Deadline(timeout)
-    requests = [
-        WorkerRequest(op="prepare", path=str(problem.path.resolve()), dims=settings.dims,
-                      trial_seeds=manifest.trial_seeds, inputs_dir=str(ref.workdir)),
-        _load_request(problem.path, "Model", ref.workdir, manifest),
-    ]
-    try:
-        with WorkerProcess(ref.workdir, log, time_limit=timeout) as worker:
-            for req in requests:
-                reply = worker.request(req, deadline.left())
-                if not reply.ok:
-                    ref.error = f"{problem.path}: {reply.error}"
-                    return ref
-                ref.device_name = reply.device_name or ref.device_name
-            for trial in range(len(manifest.trial_seeds)):
-                out_file = ref.workdir / f"expected_{trial}.pt"
-                reply = _ok(worker.request(_run_request(ref.input_file(trial), out_file), deadline.left()))
-                ref.metas.append(reply.outputs)
-                ref.outputs.append(torch.load(out_file, weights_only=True, mmap=True))
-                out_file.unlink()  # expected values live only in the harness from here on
-            reply = _ok(worker.request(_time_request(ref.input_file(0), settings), deadline.left()))
-            ref.stats = TimingStats.from_samples(reply.samples_ms)
-    except (WorkerFailure, _ReplyError) as exc:
-        ref.error = f"{problem.path}: reference {exc}"
-    return ref
-
-
-def evaluate_candidate(compiled: Compiled, path: Path, ref: Reference, manifest: RunManifest,
-                       log: Path, timeout: float) -> Outcome:
-    """Load, check over every trial, and (only when all pass) time one candidate in a fresh worker."""
-    settings = manifest.settings
-    deadline = _Deadline(timeout)
-    with tempfile.TemporaryDirectory(prefix="kbeval-cand-") as tmp:
-        workdir = Path(tmp)
-        for name in ["init.pt"] + [ref.input_file(k).name for k in range(len(ref.outputs))]:
-            shutil.copyfile(ref.workdir / name, workdir / name)
-        outcome = Outcome(status="ok")
-        stage = "loading"
-        try:
-            with WorkerProcess(workdir, log, extension_env(compiled.build_dir), time_limit=timeout) as worker:
-                reply = worker.request(_load_request(path, "ModelNew", workdir, manifest), deadline.left())
-                if not reply.ok:
-                    return Outcome(status=reply.error_kind or "load_error", error=reply.error)
-                outcome.device_name = reply.device_name
-                for trial in range(len(ref.outputs)):
-                    stage = f"trial {trial}"
-                    if not _check_trial(worker, workdir, trial, ref, settings, outcome, deadline):
-                        return outcome
-                stage = "timing"
-                reply = _ok(worker.request(_time_request(workdir / "inputs_0.pt", settings), deadline.left()))
-                outcome.stats = TimingStats.from_samples(reply.samples_ms)
-        except WorkerFailure as failure:
-            outcome.status, outcome.error = failure.status, f"{stage}: {failure.message}"
-        except _ReplyError as exc:
-            outcome.status, outcome.error = exc.kind, f"{stage}: {exc}"
-        return outcome
-
-
-def _check_trial(worker: WorkerProcess, workdir: Path, trial: int, ref: Reference, settings,
-                 outcome: Outcome, deadline: _Deadline) -> bool:
-    out_file = workdir / f"out_{trial}.pt"
-    reply = _ok(worker.request(_run_request(workdir / f"inputs_{trial}.pt", out_file), deadline.left()))
-    outcome.mutates_inputs = outcome.mutates_inputs or reply.mutated_inputs
-    try:
-        got = torch.load(out_file, weights_only=True, mmap=True)
-    except Exception as exc:  # a forged or unpicklable output is the candidate's failure
-        outcome.status, outcome.error = "incorrect", f"trial {trial}: outputs could not be read back ({exc})"
-        return False
-    result = compare_outputs(ref.outputs[trial], ref.metas[trial], got, reply.outputs, settings.atol, settings.rtol)
-    out_file.unlink(missing_ok=True)
-    if result.max_abs_diff is not None:
-        outcome.max_abs_diff = max(outcome.max_abs_diff or 0.0, result.max_abs_diff)
-        outcome.mean_abs_diff = max(outcome.mean_abs_diff or 0.0, result.mean_abs_diff or 0.0)
-    if not result.passed:
-        outcome.status, outcome.error = "incorrect", f"trial {trial}: {result.error}"
-        return False
-    outcome.trials_passed += 1
-    return True
 
 
 class _ReplyError(Exception):
@@ -159,19 +91,291 @@ def _ok(reply: WorkerReply) -> WorkerReply:
     return reply
 
 
-def _load_request(path: Path, class_name: str, workdir: Path, manifest: RunManifest) -> WorkerRequest:
-    settings = manifest.settings
-    return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name,
-                         init_file=str(workdir / "init.pt"), init_seed=manifest.init_seed,
-                         device=settings.device, threads=settings.threads)
+@dataclass
+class ProblemSession:
+    """The reference of one problem, kept alive (in its own worker) while its candidates are judged."""
+
+    problem: Problem
+    settings: RunSettings
+    seeds: Secrets
+    log: Path
+    timeout: float
+    compile_timeout: float
+    store: BaselineStore
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kbeval-ref-")))
+    outputs: list[list[torch.Tensor]] = field(default_factory=list)
+    metas: list[list[TensorMeta]] = field(default_factory=list)
+    baseline: Baseline | None = None
+    device_name: str | None = None
+    input_bytes: int = 0
+    bandwidth_gbs: float | None = None
+    event_overhead_ms: float | None = None
+    warning: str | None = None
+    error: str | None = None
+    _stack: ExitStack = field(default_factory=ExitStack)
+    worker: WorkerProcess | None = None
+
+    # -- the reference -------------------------------------------------------------------------------
+
+    def open(self) -> ProblemSession:
+        """Inputs, expected outputs and baselines; on failure `error` says why and candidates are skipped."""
+        deadline = Deadline(self.timeout)
+        try:
+            self.worker = self._stack.enter_context(WorkerProcess(self.workdir, self.log, time_limit=self.timeout))
+            prepared = _ok(self.worker.request(self._prepare_request(), deadline.left()))
+            self.input_bytes = prepared.input_bytes
+            loaded = _ok(self.worker.request(self._load_request("Model", self.problem.path, self.workdir),
+                                             deadline.left()))
+            self.device_name, self.bandwidth_gbs = loaded.device_name, loaded.memory_bandwidth_gbs
+            self.event_overhead_ms = loaded.event_overhead_ms
+            for trial in range(len(self.seeds.trial_seeds)):
+                out_file = self.workdir / f"expected_{trial}.pt"
+                reply = _ok(self.worker.request(_run_request(self.input_file(trial), out_file), deadline.left()))
+                self.metas.append(reply.outputs)
+                self.outputs.append(torch.load(out_file, weights_only=True, mmap=True))
+                out_file.unlink()  # expected values live only in the harness from here on
+            self.warning = degenerate_outputs(self.outputs[0], self.settings.atol, self.settings.rtol)
+            self.baseline = self._baseline()
+        except (WorkerFailure, _ReplyError, LaneError) as exc:
+            self.error = f"{self.problem.path}: reference: {exc}"
+        return self
+
+    def close(self) -> None:
+        self._stack.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def input_file(self, trial: int) -> Path:
+        return self.workdir / f"inputs_{trial}.pt"
+
+    def timing_files(self) -> list[str]:
+        """Relative names: each worker reads its own copies, from its own working directory."""
+        return [f"timing_{k}.pt" for k in range(len(self.seeds.timing_seeds))]
+
+    def output_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.outputs[0] if isinstance(t, torch.Tensor))
+
+    def _prepare_request(self) -> WorkerRequest:
+        return WorkerRequest(op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
+                             trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds,
+                             inputs_dir=str(self.workdir))
+
+    def _load_request(self, class_name: str, path: Path, workdir: Path, compile_mode: str | None = None
+                      ) -> WorkerRequest:
+        return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name,
+                             init_file=str(workdir / "init.pt"), init_seed=self.seeds.init_seed,
+                             device=self.settings.device, threads=self.settings.threads, compile_mode=compile_mode)
+
+    # -- baselines -----------------------------------------------------------------------------------
+
+    def _baseline(self) -> Baseline | None:
+        """From `baselines.json` when this machine measured it before, else measured (and stored) now."""
+        if not self.settings.compile_baseline:
+            return None
+        key = baseline_key(self.problem.source_sha256, self.device_name or "", torch.__version__,
+                           self.settings.timing_key())
+        cached = self.store.get(key)
+        if cached:
+            return cached
+        eager = self._measure_alone(self.worker, Deadline(self.timeout))
+        baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
+                            device_name=self.device_name or "", torch_version=torch.__version__,
+                            timing_key=self.settings.timing_key(), eager=TimingStats.from_samples(eager),
+                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=_now())
+        self._measure_compiled(baseline)
+        self.store.put(baseline)
+        return baseline
+
+    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline) -> list[float]:
+        lane = Lane(worker)
+        measure([lane], self.timing_files(), self.settings, deadline, block_calls(self.output_bytes()))
+        return lane.event_ms
+
+    def _measure_compiled(self, baseline: Baseline) -> None:
+        deadline = Deadline(self.compile_timeout)
+        try:
+            with WorkerProcess(self.workdir, self.log, time_limit=self.compile_timeout) as worker:
+                _ok(worker.request(self._load_request("Model", self.problem.path, self.workdir, COMPILE_MODE),
+                                   deadline.left()))
+                samples = self._measure_alone(worker, deadline)
+            baseline.compiled, baseline.compiled_samples = TimingStats.from_samples(samples), samples
+        except (WorkerFailure, _ReplyError, LaneError) as exc:
+            baseline.compile_error = f"torch.compile baseline: {exc}"
+
+    # -- candidates ----------------------------------------------------------------------------------
+
+    def judge(self, compiled: Compiled, path: Path, log: Path, timeout: float) -> Outcome:
+        """Check over every trial, then (only when all pass) time one candidate against the reference."""
+        deadline = Deadline(timeout)
+        outcome = Outcome(status="ok")
+        with tempfile.TemporaryDirectory(prefix="kbeval-cand-") as tmp:
+            workdir = Path(tmp)
+            names = ["init.pt"] + [f"inputs_{k}.pt" for k in range(len(self.outputs))]
+            names += self.timing_files()
+            for name in names:
+                shutil.copyfile(self.workdir / name, workdir / name)
+            stage = "loading"
+            try:
+                env = extension_env(compiled.build_dir)
+                if self.settings.device == "cuda":
+                    env["CUDA_LAUNCH_BLOCKING"] = "1"  # a faulting kernel is reported at its own launch
+                with WorkerProcess(workdir, log, env, time_limit=timeout) as worker:
+                    if not self._load_candidate(worker, path, workdir, outcome, deadline):
+                        return outcome
+                    for trial in range(len(self.outputs)):
+                        stage = f"trial {trial}"
+                        if not self._check_trial(worker, workdir, trial, outcome, deadline):
+                            return outcome
+                stage = "timing"
+                with WorkerProcess(workdir, log, extension_env(compiled.build_dir), time_limit=timeout) as worker:
+                    if not self._load_candidate(worker, path, workdir, outcome, deadline):
+                        return outcome
+                    self._time(worker, workdir, outcome, deadline)
+            except WorkerFailure as failure:
+                outcome.status, outcome.error = failure.status, f"{stage}: {failure.message}"
+            except (_ReplyError, LaneError) as exc:
+                outcome.status, outcome.error = exc.kind, f"{stage}: {exc}"
+        return outcome
+
+    def _load_candidate(self, worker: WorkerProcess, path: Path, workdir: Path, outcome: Outcome,
+                        deadline: Deadline) -> bool:
+        reply = worker.request(self._load_request("ModelNew", path, workdir), deadline.left())
+        if not reply.ok:
+            outcome.status, outcome.error = reply.error_kind or "load_error", reply.error
+            return False
+        outcome.device_name = reply.device_name
+        return True
+
+    def _check_trial(self, worker: WorkerProcess, workdir: Path, trial: int, outcome: Outcome,
+                     deadline: Deadline) -> bool:
+        """Two runs of the trial over differently filled free memory; both must match the reference."""
+        results: list[TrialCheck] = []
+        for sentinel in SENTINELS:
+            out_file = workdir / f"out_{trial}.pt"
+            req = _run_request(workdir / f"inputs_{trial}.pt", out_file, sentinel)
+            reply = _ok(worker.request(req, deadline.left()))
+            outcome.mutates_inputs = outcome.mutates_inputs or reply.mutated_inputs
+            if reply.launch_error:
+                return _fail(outcome, f"trial {trial}: a kernel launch failed without raising: {reply.launch_error}")
+            result = self._compare(out_file, self.outputs[trial], self.metas[trial], reply.outputs, outcome)
+            results.append(result)
+            if not result.passed:
+                why = result.error
+                if len(results) == 2:
+                    why = (f"it passed once and failed over memory filled with 0x{sentinel:02X}: reads uninitialised "
+                           f"memory ({why})")
+                return _fail(outcome, f"trial {trial}: {why}")
+        outcome.trials_passed += 1
+        return True
+
+    def _compare(self, out_file: Path, expected: list[torch.Tensor], metas: list[TensorMeta],
+                 got_metas: list[TensorMeta], outcome: Outcome) -> TrialCheck:
+        try:
+            got = torch.load(out_file, weights_only=True, mmap=True)
+        except Exception as exc:  # a forged or unpicklable output is the candidate's failure
+            return TrialCheck(False, error=f"outputs could not be read back ({exc})")
+        finally:
+            out_file.unlink(missing_ok=True)
+        result = compare_outputs(expected, metas, got, got_metas, self.settings.atol, self.settings.rtol)
+        if result.max_abs_diff is not None:
+            outcome.max_abs_diff = max(outcome.max_abs_diff or 0.0, result.max_abs_diff)
+            outcome.mean_abs_diff = max(outcome.mean_abs_diff or 0.0, result.mean_abs_diff or 0.0)
+        return result
+
+    # -- timing --------------------------------------------------------------------------------------
+
+    def _time(self, worker: WorkerProcess, workdir: Path, outcome: Outcome, deadline: Deadline) -> None:
+        """Interleave the candidate's lane with the reference's, checking a random timed call now and then."""
+        assert self.worker is not None
+        ref, cand = Lane(self.worker), Lane(worker)
+        rng = secrets.SystemRandom()
+        checked: list[int] = []
+
+        def check(block: int, schedule: list[tuple[int, float]], always: bool = False) -> None:
+            if always or block == 0 or (len(checked) < MAX_TIMED_CHECKS and rng.random() < 0.25):
+                call = rng.randrange(len(schedule))
+                self._check_timed_call(ref, cand, workdir, (block, call), outcome, deadline)
+                checked.append(block)
+
+        clocks = [sm_clock_mhz()] if self.settings.device == "cuda" else []
+        started = time.monotonic()
+        result = measure([ref, cand], self.timing_files(), self.settings, deadline, block_calls(self.output_bytes()),
+                         check)
+        check(result.blocks, result.last_schedule, always=True)
+        if outcome.status != "ok":
+            return
+        clocks += [sm_clock_mhz()] if clocks else []
+        self._record_timing(ref, cand, result.blocks, len(checked), clocks, time.monotonic() - started, outcome)
+
+    def _check_timed_call(self, ref: Lane, cand: Lane, workdir: Path, where: tuple[int, int], outcome: Outcome,
+                          deadline: Deadline) -> None:
+        """Compare the outputs of call `where` = (block, call) of the last block both lanes timed."""
+        if outcome.status != "ok":
+            return
+        index = where[1]
+        expected_file, got_file = self.workdir / "timed_expected.pt", workdir / "timed_out.pt"
+        expected_reply = _ok(ref.worker.request(WorkerRequest(op="dump", index=index,
+                                                              output_file=str(expected_file)), deadline.left()))
+        expected = torch.load(expected_file, weights_only=True)
+        expected_file.unlink()
+        got_reply = _ok(cand.worker.request(WorkerRequest(op="dump", index=index, output_file=str(got_file)),
+                                            deadline.left()))
+        result = self._compare(got_file, expected, expected_reply.outputs, got_reply.outputs, outcome)
+        if not result.passed:
+            _fail(outcome, f"timed call {where[1]} of block {where[0]}: {result.error} (timed calls are checked too)")
+
+    def _record_timing(self, ref: Lane, cand: Lane, blocks: int, checks: int, clocks: list[int | None],
+                       seconds: float, outcome: Outcome) -> None:
+        floor = None
+        if self.settings.device == "cuda" and self.bandwidth_gbs:
+            floor = self.input_bytes / (self.bandwidth_gbs * 1e9) * 1e3
+        verdict = judge(ref, cand, self.settings.device, floor)
+        speedup = ref.median() / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
+        reason = speedup_reason(speedup, self.settings.max_speedup)
+        reasons = verdict.reasons + ([reason] if reason else [])
+        outcome.runtime_ms = verdict.runtime_ms
+        outcome.stats = TimingStats.from_samples(cand.event_ms)
+        outcome.timing = Timing(
+            candidate=outcome.stats, reference=TimingStats.from_samples(ref.event_ms), speedup=speedup,
+            speedup_ci=speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None,
+            blocks=blocks, checked_calls=checks, rse=_rse(cand), ref_rse=_rse(ref),
+            wall_ms_per_call=cand.wall_per_call(), ref_wall_ms_per_call=ref.wall_per_call(),
+            unexplained_ms=cand.unexplained() - ref.unexplained(),
+            device_tail_ms=cand.device_tail() if self.settings.device == "cuda" else None,
+            ref_device_tail_ms=ref.device_tail() if self.settings.device == "cuda" else None,
+            event_overhead_ms=self.event_overhead_ms,
+            sm_clock_mhz=(clocks[0], clocks[-1]) if clocks else None,
+            cuda_graph=self.settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
+            floor_ms=floor, seconds=seconds)
+        if speedup and self.baseline and self.baseline.compiled:
+            base = self.baseline
+            outcome.speedup_vs_compile = base.compiled.median_ms / base.eager.median_ms * speedup
+            outcome.speedup_vs_compile_ci = chained_speedup_ci(
+                base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms))
+        if reasons:
+            outcome.status, outcome.error = "suspicious", "suspicious: " + "; ".join(reasons)
 
 
-def _run_request(inputs: Path, output: Path) -> WorkerRequest:
-    return WorkerRequest(op="run", inputs_file=str(inputs), output_file=str(output))
+def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
+    """Samples moved so their median is the runtime we stand behind (device-wide when work escaped)."""
+    shift = runtime_ms - statistics.median(samples)
+    return [s + shift for s in samples] if shift else samples
 
 
-def _time_request(inputs: Path, settings) -> WorkerRequest:
-    return WorkerRequest(op="time", inputs_file=str(inputs), warmup=settings.warmup, reps=settings.reps)
+def _rse(lane: Lane) -> float:
+    return rse_of_median(lane.event_ms)
+
+
+def _fail(outcome: Outcome, error: str) -> bool:
+    outcome.status, outcome.error = "incorrect", error
+    return False
+
+
+def _run_request(inputs: Path, output: Path, sentinel: int | None = None) -> WorkerRequest:
+    return WorkerRequest(op="run", inputs_file=str(inputs), output_file=str(output), sentinel=sentinel)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def describe_problem(problem: Problem, dims: dict[str, int | float], timeout: float) -> tuple[list[str], str | None]:

@@ -23,11 +23,10 @@ class GateFailure:
 def speedup_field(verdicts: list[Verdict], baseline: str) -> str:
     """The verdict attribute holding the speedup over BASELINE; GateUsageError when the run lacks it."""
     if baseline == "eager":
-        return "speedup"
+        return "speedup_vs_eager"
     if baseline == "compile":
-        # `speedup_vs_compile` is a future Verdict field; older runs (and today's model) do not have it
-        if not verdicts or not all(hasattr(v, "speedup_vs_compile") for v in verdicts):
-            raise GateUsageError("this run has no torch.compile baseline (no speedup_vs_compile in its verdicts); "
+        if not any(v.compile_runtime_ms is not None for v in verdicts):
+            raise GateUsageError("this run has no torch.compile baseline (run without --no-compile-baseline); "
                                  "use --baseline eager")
         return "speedup_vs_compile"
     raise GateUsageError(f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}")
@@ -39,9 +38,11 @@ def _first_line(text: str | None) -> str:
 
 
 def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedup: float | None = None,
-               baseline: str = "eager", allow_skipped: bool = False) -> list[GateFailure]:
+               baseline: str = "eager", allow_skipped: bool = False, allow_suspicious: bool = False,
+               ) -> list[GateFailure]:
     """Every candidate that misses the bar, with why. The speedup bar applies to correct candidates only
-    (an incorrect one has no speedup; `require_correct` is what fails it)."""
+    (an incorrect one has no speedup; `require_correct` is what fails it). A `suspicious` time never
+    passes unless explicitly allowed; the bar is the lower end of the speedup's 95 % interval."""
     field = speedup_field(verdicts, baseline)
     failures: list[GateFailure] = []
     for v in sorted(verdicts, key=lambda v: (v.problem, v.candidate)):
@@ -49,6 +50,9 @@ def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedu
             if not allow_skipped:
                 failures.append(GateFailure(v.problem, v.candidate,
                                             "skipped" + (f": {_first_line(v.error)}" if v.error else "")))
+            continue
+        if v.status == "suspicious" and not allow_suspicious:
+            failures.append(GateFailure(v.problem, v.candidate, _first_line(v.error) or "suspicious"))
             continue
         if not v.correct:
             if require_correct:
@@ -58,9 +62,13 @@ def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedu
             continue
         if min_speedup is not None:
             speed = getattr(v, field, None)
+            interval = getattr(v, f"{field}_ci", None)
+            if speed is not None and interval is not None:
+                speed = interval[0]  # faster only when the whole interval clears the bar
             if speed is None:
                 failures.append(GateFailure(v.problem, v.candidate, f"no {baseline} speedup recorded"))
             elif speed < min_speedup:
                 failures.append(GateFailure(v.problem, v.candidate,
-                                            f"speedup {speed:.3g}x < {min_speedup:g}x over {baseline}"))
+                                            f"speedup {speed:.3g}x (95% lower bound) < {min_speedup:g}x over "
+                                            f"{baseline}"))
     return failures

@@ -20,6 +20,7 @@ Status = Literal[
     "compile_error",
     "load_error",
     "runtime_error",
+    "suspicious",
     "timeout",
     "crashed",
     "skipped",
@@ -68,24 +69,89 @@ class RunSettings(BaseModel):
     atol: float = Field(1e-2, ge=0)
     rtol: float = Field(1e-2, ge=0)
     warmup: int = Field(10, ge=0)
-    reps: int = Field(100, ge=1)
+    warmup_seconds: float = Field(1.0, ge=0)
+    reps: int = Field(100, ge=1)  # timed calls per lane, at least, when the budget allows
+    max_reps: int = Field(2000, ge=1)
+    target_rse: float = Field(0.01, gt=0)  # stop once the median's relative standard error is below this
+    timing_budget: float = Field(10.0, gt=0)  # seconds of timing per candidate, beyond which we stop
+    cuda_graph: bool = False
+    compile_baseline: bool = True
+    max_speedup: float = Field(10.0, ge=0)  # a faster claim is `suspicious` (0: no limit)
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
 
     def key(self) -> str:
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return _digest(self.model_dump(mode="json"))
+
+    def timing_key(self) -> str:
+        """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
+        return _digest(self.model_dump(mode="json", exclude={"trials", "atol", "rtol", "max_speedup",
+                                                             "compile_baseline"}))
+
+
+def _digest(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Timing(BaseModel):
+    """How a candidate was timed: its lane and the reference's, interleaved, and every cross-check."""
+
+    candidate: TimingStats
+    reference: TimingStats
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    blocks: int
+    checked_calls: int
+    rse: float
+    ref_rse: float
+    wall_ms_per_call: float  # the harness's own clock, outside the candidate's reach
+    ref_wall_ms_per_call: float
+    unexplained_ms: float  # wall time per call the candidate's timer did not account for, beyond the reference's
+    device_tail_ms: float | None = None  # device-wide time after the call's own end event (other streams)
+    ref_device_tail_ms: float | None = None
+    event_overhead_ms: float | None = None
+    sm_clock_mhz: tuple[int | None, int | None] | None = None  # before and after
+    cuda_graph: bool = False
+    graph_error: str | None = None
+    floor_ms: float | None = None  # input bytes over peak memory bandwidth
+    seconds: float = 0.0
+
+
+class Baseline(BaseModel):
+    """One problem's eager and torch.compile times on one machine: an entry of `results/baselines.json`."""
+
+    problem: str
+    source_sha256: str
+    device_name: str
+    torch_version: str
+    timing_key: str
+    eager: TimingStats
+    eager_samples: list[float]
+    compile_mode: str = "default"
+    compiled: TimingStats | None = None
+    compiled_samples: list[float] = Field(default_factory=list)
+    compile_error: str | None = None
+    measured_at: str = ""
+
+    def key(self) -> str:
+        return baseline_key(self.source_sha256, self.device_name, self.torch_version, self.timing_key)
+
+
+def baseline_key(source_sha256: str, device_name: str, torch_version: str, timing_key: str) -> str:
+    return _digest([source_sha256, device_name, torch_version, timing_key])
 
 
 class RunManifest(BaseModel):
-    """`run.json`: how a run was started, so `--resume` continues it with the same seeds and settings."""
+    """`run.json`: how a run was started, so `--resume` continues it with the same settings.
+
+    It holds no seeds: those are drawn afresh by each harness process and never written anywhere a
+    candidate could read them.
+    """
 
     run_id: str
     settings: RunSettings
     problems_dir: str
     candidates_dir: str
-    init_seed: int
-    trial_seeds: list[int]
     torch_version: str
     created_at: str
 
@@ -108,9 +174,16 @@ class Verdict(BaseModel):
     correct: bool = False
     runtime_ms: float = -1.0
     ref_runtime_ms: float | None = None
-    speedup: float | None = None
+    speedup: float | None = None  # the same as speedup_vs_eager, under the name the seeds used
+    speedup_vs_eager: float | None = None
+    speedup_vs_eager_ci: tuple[float, float] | None = None
+    speedup_vs_compile: float | None = None
+    speedup_vs_compile_ci: tuple[float, float] | None = None
+    compile_runtime_ms: float | None = None
     runtime_stats: TimingStats | None = None
     ref_runtime_stats: TimingStats | None = None
+    timing: Timing | None = None
+    problem_warning: str | None = None
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
     trials: int = 0
@@ -149,7 +222,7 @@ class TensorMeta(BaseModel):
 class WorkerRequest(BaseModel):
     """A command sent to a worker on its stdin, one JSON object a line."""
 
-    op: Literal["import", "load", "prepare", "run", "time", "exit"]
+    op: Literal["import", "load", "prepare", "run", "time", "dump", "exit"]
     # load (candidate role): module file and class to build; prepare (reference role): problem file
     path: str | None = None
     class_name: str | None = None
@@ -158,14 +231,22 @@ class WorkerRequest(BaseModel):
     device: Device | None = None
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
-    # prepare: one input set per seed, written to inputs_dir
+    compile_mode: str | None = None  # load: wrap the model in torch.compile (the compile baseline)
+    # prepare: one input set per seed (trials) and per timing seed, written to inputs_dir
     trial_seeds: list[int] = Field(default_factory=list)
+    timing_seeds: list[int] = Field(default_factory=list)
     inputs_dir: str | None = None
-    # run / time
+    # run: one call; `sentinel` fills the free memory with this byte first
     inputs_file: str | None = None
     output_file: str | None = None
+    sentinel: int | None = None
+    # time: one call per (base set, scale) of `schedule` on rotating inputs; dump: save call `index`
+    inputs_files: list[str] = Field(default_factory=list)
+    schedule: list[tuple[int, float]] = Field(default_factory=list)
     warmup: int = 0
-    reps: int = 0
+    warmup_seconds: float = 0.0
+    graph: bool = False
+    index: int = 0
 
 
 class WorkerReply(BaseModel):
@@ -176,8 +257,14 @@ class WorkerReply(BaseModel):
     error: str | None = None
     outputs: list[TensorMeta] = Field(default_factory=list)
     samples_ms: list[float] = Field(default_factory=list)
+    device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
+    graph_error: str | None = None
+    launch_error: str | None = None
     mutated_inputs: bool = False
     device_name: str | None = None
     torch_version: str | None = None
     input_shapes: list[str] = Field(default_factory=list)
+    input_bytes: int = 0
+    memory_bandwidth_gbs: float | None = None
+    event_overhead_ms: float | None = None
     seconds: float = 0.0

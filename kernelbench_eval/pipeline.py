@@ -8,7 +8,7 @@ compiles, since compilers and a CPU timer would fight for the same cores.
 from __future__ import annotations
 
 import os
-import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -18,9 +18,11 @@ from pathlib import Path
 
 import torch
 
+from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
+from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled, compile_candidate
 from kernelbench_eval.discover import Candidate, Discovery, discover
-from kernelbench_eval.evaluate import Outcome, Reference, evaluate_candidate, prepare_reference
+from kernelbench_eval.evaluate import Outcome, ProblemSession, Secrets
 from kernelbench_eval.models import RunManifest, RunSettings, Verdict
 from kernelbench_eval.record import RunRecorder
 
@@ -38,6 +40,12 @@ class RunOptions:
     compile_timeout: float = 600.0
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     only: list[str] | None = None
+    baselines: Path | None = None  # default: <results_dir>/baselines.json
+
+    def baselines_path(self) -> Path:
+        if self.baselines:
+            return self.baselines
+        return (self.resume.parent if self.resume else self.results_dir) / BASELINES_FILE
 
 
 @dataclass
@@ -80,8 +88,6 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
         settings=opts.settings,
         problems_dir=str(opts.problems_dir),
         candidates_dir=str(opts.candidates_dir),
-        init_seed=secrets.randbits(31),
-        trial_seeds=[secrets.randbits(31) for _ in range(opts.settings.trials)],
         torch_version=torch.__version__,
         created_at=_now(),
     )
@@ -100,7 +106,10 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
     session = _Session(opts, recorder, manifest, found, listen)
     session.judge(todo)
-    return RunResult(recorder.run_dir, recorder.load(), found.warnings, reused=len(found.candidates) - len(todo))
+    if recorder.finalize():
+        session.warnings.append(f"{recorder.verdicts_path} was altered after the last verdict; restored")
+    return RunResult(recorder.run_dir, recorder.load(), found.warnings + session.warnings,
+                     reused=len(found.candidates) - len(todo))
 
 
 class _Session:
@@ -110,6 +119,10 @@ class _Session:
                  found: Discovery, listen: Listener) -> None:
         self.opts, self.recorder, self.manifest, self.found, self.listen = opts, recorder, manifest, found, listen
         self.device = manifest.settings.device
+        self.seeds = Secrets.draw(manifest.settings.trials)  # this process's own: a resumed run draws anew
+        self.store = BaselineStore(opts.baselines_path())
+        self.warnings: list[str] = []
+        self.compiles = _CompileActivity()
 
     def judge(self, todo: list[Candidate]) -> None:
         runnable = [c for c in todo if not self._judged_statically(c)]
@@ -137,11 +150,12 @@ class _Session:
     def _compile(self, cand: Candidate) -> tuple[Compiled, float]:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
         started = time.perf_counter()
-        compiled = compile_candidate(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+        with self.compiles:
+            compiled = compile_candidate(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
         return compiled, time.perf_counter() - started
 
     def _judge_problem(self, problem_id: str, futures: dict[Future, Candidate]) -> None:
-        ref: Reference | None = None
+        ref: ProblemSession | None = None
         try:
             for future in as_completed(futures):
                 cand = futures[future]
@@ -160,18 +174,39 @@ class _Session:
                 self._evaluate(cand, compiled, ref, seconds, base)
         finally:
             if ref:
-                ref.discard()
+                ref.close()
 
-    def _reference(self, problem_id: str) -> Reference:
+    def _reference(self, problem_id: str) -> ProblemSession:
         problem = self.found.problems[problem_id]
         log = self.recorder.log_path(problem_id, "_reference", "eval")
-        return prepare_reference(problem, self.manifest, log, self.opts.timeout)
+        session = ProblemSession(problem, self.manifest.settings, self.seeds, log, self.opts.timeout,
+                                 self.opts.compile_timeout, self.store).open()
+        if session.warning:
+            self.warnings.append(f"{problem.path}: {session.warning}")
+        return session
 
-    def _evaluate(self, cand: Candidate, compiled: Compiled, ref: Reference, seconds: float, base: dict) -> None:
+    def _evaluate(self, cand: Candidate, compiled: Compiled, ref: ProblemSession, seconds: float, base: dict) -> None:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "eval")
         started = time.perf_counter()
-        outcome = evaluate_candidate(compiled, cand.path, ref, self.manifest, log, self.opts.timeout)
-        self._record(cand, seconds + time.perf_counter() - started, log=log, **base, **_outcome_fields(outcome, ref))
+        self._check_tampering(None)  # what happened before this candidate ran is not its doing
+        alone = self.compiles.snapshot()
+        outcome = ref.judge(compiled, cand.path, log, self.opts.timeout)
+        fields = _outcome_fields(outcome, ref)
+        if self._check_tampering(cand if self.compiles.snapshot() == alone and alone[1] == 0 else None):
+            fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None, speedup_vs_eager=None,
+                          speedup_vs_compile=None, error="cheating detected: it altered the run's verdicts.jsonl "
+                          "while it ran (restored; no verdict changed)")
+        self._record(cand, seconds + time.perf_counter() - started, log=log, **base, **fields)
+
+    def _check_tampering(self, culprit: Candidate | None) -> bool:
+        """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
+        if not self.recorder.tampered():
+            return False
+        if culprit is None:
+            self.warnings.append(f"{self.recorder.verdicts_path} was altered by candidate code (a compile or an "
+                                 "evaluation) that cannot be singled out; restored, no verdict changed")
+            return False
+        return True
 
     def _record(self, cand: Candidate, seconds: float, log: Path | None = None, **fields) -> None:
         rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None
@@ -193,7 +228,30 @@ class _Session:
         self.listen(verdict)
 
 
-def _outcome_fields(outcome: Outcome, ref: Reference) -> dict:
+class _CompileActivity:
+    """Counts compiles (which run candidate code) so tampering is blamed only on a candidate that ran alone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = 0
+        self.running = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.started += 1
+            self.running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.running -= 1
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.started, self.running
+
+
+def _outcome_fields(outcome: Outcome, ref: ProblemSession) -> dict:
+    timing = outcome.timing
     fields = {
         "status": outcome.status,
         "error": outcome.error,
@@ -202,15 +260,22 @@ def _outcome_fields(outcome: Outcome, ref: Reference) -> dict:
         "max_abs_diff": outcome.max_abs_diff,
         "mean_abs_diff": outcome.mean_abs_diff,
         "device_name": outcome.device_name or ref.device_name,
-        "ref_runtime_ms": ref.stats.median_ms if ref.stats else None,
-        "ref_runtime_stats": ref.stats,
+        "problem_warning": ref.warning,
+        "timing": timing,
+        "ref_runtime_ms": timing.reference.median_ms if timing else None,
+        "ref_runtime_stats": timing.reference if timing else None,
+        "compile_runtime_ms": ref.baseline.compiled.median_ms if ref.baseline and ref.baseline.compiled else None,
     }
-    if outcome.status == "ok" and outcome.stats:
+    if outcome.status in ("ok", "suspicious") and timing and outcome.runtime_ms is not None:
         fields.update(
             correct=True,
-            runtime_ms=outcome.stats.median_ms,
+            runtime_ms=outcome.runtime_ms,
             runtime_stats=outcome.stats,
-            speedup=(ref.stats.median_ms / outcome.stats.median_ms) if ref.stats else None,
+            speedup=timing.speedup,
+            speedup_vs_eager=timing.speedup,
+            speedup_vs_eager_ci=timing.speedup_ci,
+            speedup_vs_compile=outcome.speedup_vs_compile,
+            speedup_vs_compile_ci=outcome.speedup_vs_compile_ci,
         )
     return fields
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
+TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
 
 
 class WorkerFailure(Exception):
@@ -41,6 +45,8 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._reply_fd = -1
         self._buffer = b""
+        self._token = secrets.token_hex(16)  # marks every process this worker starts, even outside its group
+        self._pump: threading.Thread | None = None
 
     def __enter__(self) -> WorkerProcess:
         self.start()
@@ -54,20 +60,21 @@ class WorkerProcess:
         env = dict(os.environ, **self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env=env,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )
+        env[TOKEN_VAR] = self._token
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # a pipe, not the log file: the child never learns where results live
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            env=env,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
         os.close(write_fd)
         self._reply_fd = read_fd
+        self._pump = threading.Thread(target=_copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
+        self._pump.start()
 
     def request(self, req: WorkerRequest, timeout: float) -> WorkerReply:
         """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit."""
@@ -114,11 +121,13 @@ class WorkerProcess:
         return f"exited with code {code} without a verdict"
 
     def kill(self) -> None:
+        """SIGKILL the worker's process group and every process carrying its token (escaped via setsid)."""
         if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        _kill_marked(self._token)
 
     def close(self) -> None:
         if self.proc is None:
@@ -137,3 +146,35 @@ class WorkerProcess:
         if self._reply_fd >= 0:
             os.close(self._reply_fd)
             self._reply_fd = -1
+        if self._pump:
+            self._pump.join(timeout=5)
+
+
+def _copy_capped(stream: object, log_path: Path) -> None:
+    """Copy the worker's output to its log, up to LOG_CAP_BYTES; drain (and drop) the rest."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with open(log_path, "ab") as log:
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):  # type: ignore[attr-defined]
+            if written < LOG_CAP_BYTES:
+                part = chunk[: LOG_CAP_BYTES - written]
+                log.write(part)
+                log.flush()
+                written += len(part)
+                if written >= LOG_CAP_BYTES:
+                    log.write(f"\n[kbeval: log capped at {LOG_CAP_BYTES} bytes; the rest was dropped]\n".encode())
+                    log.flush()
+
+
+def _kill_marked(token: str) -> None:
+    """Kill any process whose environment carries `token`: what a worker left behind outside its group."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue

@@ -3,6 +3,10 @@
 `verdicts.jsonl` is append-only: each verdict is one `write` of one line, flushed to disk before the
 next candidate starts. Everything else (the two-line files, the manifest, summaries) is written to a
 temporary file and renamed into place, so a reader sees the old file or the new one, never half.
+
+A candidate runs as the same user, so it could find and edit these files. The recorder keeps every
+line it wrote in memory and notices any change it did not make (size, inode or change time, which no
+user process can set back); the file is then restored and the change reported.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class RunRecorder:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.verdicts_path = run_dir / VERDICTS
+        self._lines: list[bytes] = []
+        self._stamp: tuple[int, int, int] | None = None
 
     def write_manifest(self, manifest: RunManifest) -> None:
         write_atomic(self.run_dir / MANIFEST, manifest.model_dump_json(indent=2))
@@ -62,7 +68,31 @@ class RunRecorder:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._lines.append(line)
+        self._stamp = _stamp(self.verdicts_path)
         write_atomic(self.run_dir / verdict.problem / f"{verdict.candidate}.txt", two_lines(verdict))
+
+    def tampered(self) -> bool:
+        """True (after restoring it) when `verdicts.jsonl` changed since our last write."""
+        if _stamp(self.verdicts_path) == self._stamp:
+            return False
+        current = self.verdicts_path.read_bytes() if self.verdicts_path.exists() else b""
+        ours = b"".join(self._lines)
+        if current == ours and self.verdicts_path.exists():
+            self._stamp = _stamp(self.verdicts_path)
+            return False
+        write_atomic(self.verdicts_path, ours.decode())
+        self._stamp = _stamp(self.verdicts_path)
+        return True
+
+    def finalize(self) -> bool:
+        """Restore anything altered, and rewrite every two-line file from the verdicts held in memory."""
+        altered = self.tampered()
+        for line in self._lines:
+            verdict = Verdict.model_validate_json(line)
+            path = self.run_dir / verdict.problem / f"{verdict.candidate}.txt"
+            write_atomic(path, two_lines(verdict))
+        return altered
 
     def load(self) -> list[Verdict]:
         """Every complete verdict line; a torn last line (the harness died mid-write) is dropped."""
@@ -82,4 +112,16 @@ class RunRecorder:
                 raise
         if not complete:  # rewrite without the torn tail so the next append starts on a fresh line
             write_atomic(self.verdicts_path, "".join(v.model_dump_json() + "\n" for v in verdicts))
+        self._lines = [(v.model_dump_json() + "\n").encode() for v in verdicts]
+        if complete:
+            self._lines = [line + b"\n" for line in raw.split(b"\n") if line.strip()]
+        self._stamp = _stamp(self.verdicts_path)
         return verdicts
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_ctime_ns

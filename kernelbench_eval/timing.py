@@ -1,13 +1,23 @@
-"""Per-call timing, run inside a worker process next to the model it times.
+"""Per-call timing, run inside a worker process next to the model it times (the harness side is `lanes`).
 
 The clocks are bound when this module is imported, which the worker does before any candidate code
-runs, so a candidate that later patches `time.perf_counter_ns` does not change what we read.
+runs, so a candidate that later patches `time.perf_counter_ns` does not change what we read. A candidate
+can still patch this module (it shares the process), which is why the harness cross-checks every block
+against its own wall clock.
+
+Each timed call gets inputs it has never seen: fixed input buffers are refilled from one of a few base
+sets, scaled by a fresh factor, so caching by pointer or by value cannot replay an old answer. Then the
+L2 is flushed (persisting lines reset too), the whole device synchronised, and the call timed twice
+over: events on the current stream (the precise number) and up to a second event recorded after a
+device-wide synchronise (which also counts work the candidate left running on other streams).
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,40 +25,181 @@ _perf_counter_ns = time.perf_counter_ns
 _L2_FLUSH_FACTOR = 2  # write twice the L2 so nothing of the previous call stays cached
 
 
-def time_calls(call: Callable[[], object], device: str, warmup: int, reps: int) -> list[float]:
-    """Milliseconds of `reps` calls after `warmup` untimed ones; CUDA events on GPU, host clock on CPU."""
-    for _ in range(warmup):
-        call()
+@dataclass
+class Block:
+    """What one timing request measured: per-call times, plus the outputs kept for a later check."""
+
+    event_ms: list[float] = field(default_factory=list)
+    device_ms: list[float] = field(default_factory=list)
+    kept: list[list[torch.Tensor | None]] = field(default_factory=list)
+
+
+class Rotation:
+    """Fixed input buffers, refilled before each call from base set `k` times a scale factor."""
+
+    def __init__(self, bases: list[list[object]]) -> None:
+        self.bases = bases
+        self.live = [x.clone() if isinstance(x, torch.Tensor) else x for x in bases[0]]
+
+    def fill(self, k: int, scale: float) -> list[object]:
+        for live, base in zip(self.live, self.bases[k], strict=True):
+            if isinstance(live, torch.Tensor):
+                if live.is_floating_point() or live.is_complex():
+                    torch.mul(base, scale, out=live)
+                else:
+                    live.copy_(base)
+        return self.live
+
+
+def keep(out: object) -> list[torch.Tensor | None]:
+    """A private copy of a call's outputs, so a model reusing its output buffer is still checked per call."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [o.detach().clone() if isinstance(o, torch.Tensor) else None for o in outs]
+
+
+def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float]],
+               device: str, replay: Callable[[], object] | None = None) -> Block:
+    """Time one call per (base set, scale) in `schedule`, keeping a copy of every call's outputs.
+
+    `replay`, when given, is a captured CUDA graph of the model on the rotation's buffers, timed instead.
+    """
     if device == "cuda":
-        return _time_cuda(call, reps)
-    return _time_cpu(call, reps)
+        return _time_cuda(model, rotation, schedule, replay)
+    block = Block()
+    for k, scale in schedule:
+        inputs = rotation.fill(k, scale)
+        start = _perf_counter_ns()
+        out = model(*inputs)
+        elapsed = (_perf_counter_ns() - start) / 1e6
+        block.event_ms.append(elapsed)
+        block.device_ms.append(elapsed)
+        block.kept.append(keep(out))
+    return block
 
 
-def _time_cpu(call: Callable[[], object], reps: int) -> list[float]:
+def warm_up(model: Callable[..., object], rotation: Rotation, count: int, seconds: float, device: str) -> int:
+    """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns calls made."""
+    deadline = _perf_counter_ns() + int(seconds * 1e9)
+    done = 0
+    while done < count and _perf_counter_ns() < deadline:
+        model(*rotation.fill(done % len(rotation.bases), 1.0))
+        _sync(device)
+        done += 1
+    return done
+
+
+def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float]],
+               call: Callable[[], object] | None) -> Block:
+    block = Block()
+    flush = l2_flush_buffer()
+    for k, scale in schedule:
+        inputs = rotation.fill(k, scale)
+        flush.zero_()
+        reset_persisting_l2()
+        torch.cuda.synchronize()  # the whole device, so no work of the previous call leaks in
+        start, end, after = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        out = call() if call else model(*inputs)
+        end.record()
+        torch.cuda.synchronize()  # waits for work on every stream, not only the current one
+        after.record()
+        block.kept.append(keep(out))
+        block.event_ms.append(start.elapsed_time(end))
+        block.device_ms.append(start.elapsed_time(after))
+    torch.cuda.synchronize()
+    return block
+
+
+def capture_graph(model: Callable[..., object], rotation: Rotation) -> tuple[Callable[[], object] | None, str | None]:
+    """A CUDA-graph replay of the model on the fixed input buffers, or (None, why) when it cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(*rotation.live)
+        torch.cuda.current_stream().wait_stream(side)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            static_out = model(*rotation.live)
+    except Exception as exc:  # any capture failure falls back to plain calls
+        torch.cuda.synchronize()
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+    def replay() -> object:
+        cuda_graph.replay()
+        return static_out
+
+    return replay, None
+
+
+def event_overhead_ms(reps: int = 50) -> float:
+    """Median time of an empty event pair: the floor under every CUDA-event measurement."""
     samples = []
     for _ in range(reps):
-        start = _perf_counter_ns()
-        call()
-        samples.append((_perf_counter_ns() - start) / 1e6)
-    return samples
-
-
-def _time_cuda(call: Callable[[], object], reps: int) -> list[float]:
-    flush = l2_flush_buffer()
-    pairs = []
-    for _ in range(reps):
-        flush.zero_()
-        torch.cuda.synchronize()  # the whole device, so work on side streams cannot leak across calls
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         start.record()
-        call()
         end.record()
         torch.cuda.synchronize()
-        pairs.append((start, end))
-    return [start.elapsed_time(end) for start, end in pairs]
+        samples.append(start.elapsed_time(end))
+    return sorted(samples)[len(samples) // 2]
 
 
 def l2_flush_buffer() -> torch.Tensor:
     """A byte buffer of twice the device's L2, written before each timed call to evict the last one's data."""
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
     return torch.empty(max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR, dtype=torch.uint8, device="cuda")
+
+
+def memory_bandwidth_gbs() -> float | None:
+    """Peak DRAM bandwidth from the device's memory clock and bus width (double data rate), if reported."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    if not clock_khz or not bus_bits:
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+
+
+def _cudart() -> ctypes.CDLL | None:
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+_CUDART: list[ctypes.CDLL | None] = []
+
+
+def cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime torch loaded, for the calls torch does not expose; None where it cannot be found."""
+    if not _CUDART:
+        _CUDART.append(_cudart())
+    return _CUDART[0]
+
+
+def reset_persisting_l2() -> None:
+    """Demote persisting L2 lines, so a candidate's access-policy window cannot keep its data warm."""
+    lib = cudart()
+    if lib is not None:
+        lib.cudaCtxResetPersistingL2Cache()
+
+
+def last_launch_error() -> str | None:
+    """The runtime's pending error (a launch that failed without raising), cleared; None when there is none."""
+    lib = cudart()
+    if lib is None:
+        return None
+    code = lib.cudaGetLastError()
+    if code == 0:
+        return None
+    lib.cudaGetErrorName.restype = ctypes.c_char_p
+    return f"{lib.cudaGetErrorName(code).decode()} ({code})"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()

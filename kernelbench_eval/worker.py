@@ -29,6 +29,11 @@ class Worker:
         self.modules: dict[str, Any] = {}
         self.model: Any = None
         self.device = "cpu"
+        self.rotation: timing.Rotation | None = None
+        self.rotation_files: tuple[str, ...] = ()
+        self.kept: list[list[Any]] = []
+        self.replay: Any = None
+        self.graph_error: str | None = None
 
     # -- ops -----------------------------------------------------------------------------------------
 
@@ -50,13 +55,15 @@ class Worker:
                 setattr(module, name, value)
         out_dir = Path(req.inputs_dir)
         torch.save(list(module.get_init_inputs()), out_dir / "init.pt")
-        shapes: list[str] = []
-        for k, seed in enumerate(req.trial_seeds):
+        named = [(f"inputs_{k}.pt", s) for k, s in enumerate(req.trial_seeds)]
+        named += [(f"timing_{k}.pt", s) for k, s in enumerate(req.timing_seeds)]
+        inputs: list[Any] = []
+        for name, seed in named:
             torch.manual_seed(seed)
             inputs = list(module.get_inputs())
-            torch.save(inputs, out_dir / f"inputs_{k}.pt")
-            shapes = [_describe(x) for x in inputs]
-        return WorkerReply(ok=True, input_shapes=shapes, torch_version=torch.__version__)
+            torch.save(inputs, out_dir / name)
+        return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
+                           input_bytes=sum(_nbytes(x) for x in inputs))
 
     def op_load(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()
@@ -73,33 +80,54 @@ class Worker:
             model = cls(*init)
         except Exception as exc:  # a wrong __init__ signature is the candidate's fault, not a crash
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
-        self.model = model.to(self.device) if hasattr(model, "to") else model
-        return WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
+        model = model.to(self.device) if hasattr(model, "to") else model
+        self.model = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
+        reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
+        if self.device == "cuda":
+            reply.memory_bandwidth_gbs = timing.memory_bandwidth_gbs()
+            reply.event_overhead_ms = timing.event_overhead_ms()
+        return reply
 
     def op_run(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()
         inputs = self._inputs(req.inputs_file)
         pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        if req.sentinel is not None:
+            fill_free_memory(self.device, req.sentinel, sum(_nbytes(x) for x in inputs))
         with torch.no_grad():
             out = self.model(*inputs)
             _sync(self.device)
+        launch_error = timing.last_launch_error() if self.device == "cuda" else None
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         metas = [_meta(o) for o in outs]
         torch.save([o.detach().to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
         pairs = zip(inputs, pristine, strict=True)
         mutated = any(isinstance(x, torch.Tensor) and not torch.equal(x, p) for x, p in pairs)
-        return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated)
+        return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated, launch_error=launch_error)
 
     def op_time(self, req: WorkerRequest) -> WorkerReply:
+        """One block of timed calls on rotating inputs; every call's outputs are kept for `dump`."""
         torch = _torch()
-        inputs = self._inputs(req.inputs_file)
+        files = tuple(req.inputs_files)
+        if self.rotation is None or self.rotation_files != files:
+            self.rotation = timing.Rotation([self._inputs(f) for f in files])
+            self.rotation_files = files
+        self.kept = []  # free the last block's copies before this block allocates
+        with torch.no_grad():
+            if req.warmup:
+                timing.warm_up(self.model, self.rotation, req.warmup, req.warmup_seconds, self.device)
+            if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
+                self.replay, self.graph_error = timing.capture_graph(self.model, self.rotation)
+            block = timing.time_block(self.model, self.rotation, req.schedule, self.device, self.replay)
+        self.kept = block.kept
+        return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
+                           graph_error=self.graph_error)
 
-        def call() -> object:
-            with torch.no_grad():
-                return self.model(*inputs)
-
-        samples = timing.time_calls(call, self.device, req.warmup, req.reps)
-        return WorkerReply(ok=True, samples_ms=samples)
+    def op_dump(self, req: WorkerRequest) -> WorkerReply:
+        torch = _torch()
+        outs = self.kept[req.index]
+        torch.save([o.to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
+        return WorkerReply(ok=True, outputs=[_meta(o) for o in outs])
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -137,6 +165,28 @@ def _device_name(device: str) -> str:
     import platform
 
     return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _nbytes(x: Any) -> int:
+    torch = _torch()
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+
+def fill_free_memory(device: str, byte: int, hint_bytes: int) -> None:
+    """Write `byte` over memory the allocator will hand out next, so reads of uninitialised memory show.
+
+    A large block (several times the inputs) and a spread of small ones are filled and freed back to
+    the allocator's cache, where `torch.empty` in the model will find them.
+    """
+    torch = _torch()
+    size = max(4 * hint_bytes, 64 << 20)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        size = min(size, torch.cuda.mem_get_info()[0] // 2)
+    blocks = [torch.full((size,), byte, dtype=torch.uint8, device=device)]
+    blocks += [torch.full((s,), byte, dtype=torch.uint8, device=device) for s in (512, 4096, 65536, 524288) * 16]
+    _sync(device)
+    del blocks
 
 
 def _describe(x: Any) -> str:

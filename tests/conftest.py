@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,11 @@ def read_verdicts(run_dir: Path) -> dict[str, dict]:
     return {json.loads(line)["candidate"]: json.loads(line) for line in lines}
 
 
+# One baselines file for the whole session: torch.compile of each reference is timed once, then reused.
+BASELINES = Path(tempfile.mkdtemp(prefix="kbeval-test-baselines-")) / "baselines.json"
 FIXTURE_RUN_ARGS = ("--device", "cpu", "--problems", str(FIXTURES / "problems"),
-                    "--candidates", str(FIXTURES / "candidates"), "--timeout", "20", "--trials", "3")
+                    "--candidates", str(FIXTURES / "candidates"), "--timeout", "20", "--trials", "3",
+                    "--baselines", str(BASELINES))
 
 
 @pytest.fixture(scope="session")

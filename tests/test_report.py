@@ -36,7 +36,7 @@ NASTY = 'RuntimeError: expected <float> got "double" & \'half\' </td><script>ale
 
 
 def verdict(problem: str, candidate: str, status: str, speedup: float | None = None, **kw: object) -> Verdict:
-    correct = status == "ok"
+    correct = status in ("ok", "suspicious")
     ref = 2.0
     fields: dict[str, object] = dict(
         run_id="fixture", problem=problem, candidate=candidate, source_sha256=f"sha-{candidate}", settings_key="k",
@@ -44,8 +44,8 @@ def verdict(problem: str, candidate: str, status: str, speedup: float | None = N
         ref_runtime_ms=ref, trials=5, trials_passed=5 if correct else 0)
     if correct:
         assert speedup is not None
-        fields.update(runtime_ms=ref / speedup, speedup=speedup, max_abs_diff=1e-6)
-    elif status not in ("ok", "skipped"):
+        fields.update(runtime_ms=ref / speedup, speedup=speedup, speedup_vs_eager=speedup, max_abs_diff=1e-6)
+    if status not in ("ok", "skipped"):
         fields.update(error=f"{status}: something failed", log=f"logs/{problem}/{candidate}.log")
     fields.update(kw)
     return Verdict(**fields)  # type: ignore[arg-type]
@@ -280,14 +280,25 @@ def test_gate_usage_errors(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_gate_compile_baseline_when_present() -> None:
-    class WithCompile(Verdict):
-        speedup_vs_compile: float | None = None
-
-    good = WithCompile(**verdict("p", "a", "ok", 2.0).model_dump(), speedup_vs_compile=0.9)
+    good = verdict("p", "a", "ok", 2.0, speedup_vs_compile=0.9, compile_runtime_ms=1.8)
     assert check_gate([good], baseline="compile") == []
     failures = check_gate([good], baseline="compile", min_speedup=1.0)
     assert len(failures) == 1 and "compile" in failures[0].reason
     assert check_gate([good], baseline="eager", min_speedup=1.0) == []
+
+
+def test_gate_judges_the_interval_not_the_point() -> None:
+    shaky = verdict("p", "a", "ok", 1.3, speedup_vs_eager_ci=(0.95, 1.6))
+    failures = check_gate([shaky], min_speedup=1.0)
+    assert len(failures) == 1 and "0.95x (95% lower bound) < 1x" in failures[0].reason
+    assert check_gate([verdict("p", "a", "ok", 1.3, speedup_vs_eager_ci=(1.2, 1.4))], min_speedup=1.0) == []
+
+
+def test_gate_refuses_suspicious_unless_allowed() -> None:
+    fishy = verdict("p", "a", "suspicious", 40.0, error="suspicious: speedup 40x is above the 10x limit")
+    failures = check_gate([fishy])
+    assert len(failures) == 1 and "above the 10x limit" in failures[0].reason
+    assert check_gate([fishy], allow_suspicious=True) == []
 
 
 def test_gate_help_documents_exit_codes() -> None:

@@ -123,6 +123,22 @@ def test_recorder_drops_a_torn_last_line_and_keeps_the_rest(tmp_path):
     assert (tmp_path / "p" / "a.txt").read_text() == "Evaluation: False\nRuntime: -1.0\n"
 
 
+def test_recorder_notices_and_undoes_changes_it_did_not_make(tmp_path):
+    recorder = RunRecorder(tmp_path)
+    recorder.append(_verdict("a"))
+    assert not recorder.tampered()
+    ours = recorder.verdicts_path.read_bytes()
+    forged = _verdict("a").model_copy(update={"status": "ok", "correct": True}).model_dump_json()
+    with open(recorder.verdicts_path, "a") as handle:  # what a candidate appending a fake verdict does
+        handle.write(forged + "\n")
+    assert recorder.tampered() and recorder.verdicts_path.read_bytes() == ours
+    recorder.verdicts_path.write_bytes(ours.replace(b'"correct":false', b'"correct":true '))  # same size
+    assert recorder.tampered() and recorder.verdicts_path.read_bytes() == ours
+    (tmp_path / "p" / "a.txt").write_text("Evaluation: True\nRuntime: 0.001\n")
+    assert not recorder.finalize()
+    assert (tmp_path / "p" / "a.txt").read_text() == "Evaluation: False\nRuntime: -1.0\n"
+
+
 def test_recorder_refuses_a_corrupt_line_in_the_middle(tmp_path):
     recorder = RunRecorder(tmp_path)
     recorder.verdicts_path.write_text("not json\n" + _verdict("a").model_dump_json() + "\n")

@@ -1,0 +1,132 @@
+"""Stage 4, the harness side of timing: interleaved lanes, a stopping rule, and clocks no candidate can reach.
+
+Each lane is a worker holding one model (the reference, its torch.compile, or a candidate). Blocks of
+calls alternate between lanes (ABBA order), all on the same schedule of rotating inputs, so clock drift
+and thermal state hit every lane alike. Measurement stops when every lane's median is stable (relative
+standard error under the target) after the minimum number of calls, or when the time budget or the call
+cap is reached. Every block is also timed by the harness's own clock, for the cross-check in `suspect`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kernelbench_eval.models import RunSettings, WorkerReply, WorkerRequest
+from kernelbench_eval.process import WorkerProcess
+from kernelbench_eval.stats import rse_of_median
+
+BLOCK_CALLS = 10
+KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
+SCALE_RANGE = (0.75, 1.25)
+
+
+class LaneError(Exception):
+    """A lane's worker answered with an error (the candidate raised while being timed)."""
+
+    def __init__(self, reply: WorkerReply) -> None:
+        super().__init__(reply.error or "failed")
+        self.kind = reply.error_kind or "runtime_error"
+
+
+@dataclass
+class Lane:
+    worker: WorkerProcess
+    event_ms: list[float] = field(default_factory=list)
+    device_ms: list[float] = field(default_factory=list)
+    wall_ms: float = 0.0
+    graph_error: str | None = None
+
+    def median(self) -> float:
+        return statistics.median(self.event_ms)
+
+    def wall_per_call(self) -> float:
+        return self.wall_ms / len(self.event_ms)
+
+    def unexplained(self) -> float:
+        """Wall time per call not covered by the device-wide per-call times this lane reported."""
+        return self.wall_per_call() - statistics.fmean(self.device_ms)
+
+    def device_tail(self) -> float:
+        return statistics.median(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True))
+
+
+@dataclass
+class Measurement:
+    lanes: list[Lane]
+    blocks: int
+    seconds: float
+    last_schedule: list[tuple[int, float]]
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 0.1)
+
+
+def block_calls(output_bytes: int) -> int:
+    """Calls per block: as many as fit the kept-output budget, at most BLOCK_CALLS."""
+    return max(1, min(BLOCK_CALLS, KEPT_BYTES // max(output_bytes, 1)))
+
+
+def measure(lanes: list[Lane], input_files: list[str], settings: RunSettings, deadline: Deadline,
+            calls_per_block: int, after_block: Callable[[int, list[tuple[int, float]]], None] | None = None,
+            ) -> Measurement:
+    """Time every lane, block by block in alternating order, until the stopping rule is met."""
+    rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
+    for lane in lanes:
+        _request(lane, WorkerRequest(op="time", inputs_files=input_files, warmup=max(settings.warmup, 1),
+                                     warmup_seconds=settings.warmup_seconds, graph=settings.cuda_graph), deadline)
+    started = time.monotonic()
+    blocks, schedule = 0, []
+    while True:
+        schedule = [(rng.randrange(len(input_files)), rng.uniform(*SCALE_RANGE)) for _ in range(calls_per_block)]
+        for lane in lanes if blocks % 2 == 0 else lanes[::-1]:
+            req = WorkerRequest(op="time", inputs_files=input_files, schedule=schedule, graph=settings.cuda_graph)
+            begun = time.perf_counter_ns()
+            reply = _request(lane, req, deadline)
+            lane.wall_ms += (time.perf_counter_ns() - begun) / 1e6
+            lane.event_ms += reply.samples_ms
+            lane.device_ms += reply.device_ms
+            lane.graph_error = lane.graph_error or reply.graph_error
+        if after_block:
+            after_block(blocks, schedule)
+        blocks += 1
+        if _done(lanes, settings, time.monotonic() - started):
+            return Measurement(lanes, blocks, time.monotonic() - started, schedule)
+
+
+def _done(lanes: list[Lane], settings: RunSettings, elapsed: float) -> bool:
+    calls = len(lanes[0].event_ms)
+    if calls >= settings.max_reps:
+        return True
+    if elapsed >= settings.timing_budget:
+        return calls >= min(settings.reps, BLOCK_CALLS)
+    return calls >= settings.reps and all(rse_of_median(lane.event_ms) <= settings.target_rse for lane in lanes)
+
+
+def _request(lane: Lane, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
+    reply = lane.worker.request(req, deadline.left())
+    if not reply.ok:
+        raise LaneError(reply)
+    return reply
+
+
+def sm_clock_mhz() -> int | None:
+    """The GPU's current SM clock from nvidia-smi, read by the harness (a candidate cannot fake it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    index = visible if visible.isdigit() else "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", index],
+                             capture_output=True, text=True, timeout=10).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

@@ -1,0 +1,55 @@
+"""Why a measured time is not believed: the rules that turn a correct candidate into `suspicious`.
+
+Every rule compares what the candidate's process reported with something it cannot reach: the
+harness's own wall clock, the reference measured the same way in the same minutes, or physics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from kernelbench_eval.measure import Lane
+
+CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python) beyond the reference's
+CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger
+TAIL_SLACK_MS = 0.02
+TAIL_SLACK_SHARE = 0.1
+
+
+@dataclass
+class Judgement:
+    runtime_ms: float  # the time we stand behind (device-wide when work escaped the call's own events)
+    reasons: list[str] = field(default_factory=list)
+    speedup_trusted: bool = True
+
+
+def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None) -> Judgement:
+    """The candidate's runtime and the reasons, if any, to distrust it."""
+    result = Judgement(runtime_ms=cand.median())
+    explained = statistics.fmean(cand.device_ms)
+    excess = cand.unexplained() - ref.unexplained()
+    if excess > max(CLOCK_SLACK_MS, CLOCK_SLACK_SHARE * explained):
+        result.reasons.append(
+            f"clock mismatch: the harness's wall clock saw {excess:.3g} ms per call more than the timer in the "
+            f"candidate's process reported ({explained:.3g} ms); its clock or events were tampered with or work "
+            "was hidden from them")
+        result.speedup_trusted = False
+    if device == "cuda":
+        tail = cand.device_tail() - ref.device_tail()
+        if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
+            result.runtime_ms = statistics.median(cand.device_ms) - ref.device_tail()
+            result.reasons.append(
+                f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
+                f"timed device-wide instead: {result.runtime_ms:.3g} ms")
+    if floor_ms and result.runtime_ms < floor_ms:
+        result.reasons.append(
+            f"{result.runtime_ms:.3g} ms is below the physical floor of {floor_ms:.3g} ms (its inputs' bytes "
+            "read once at the GPU's peak memory bandwidth)")
+    return result
+
+
+def speedup_reason(speedup: float | None, max_speedup: float) -> str | None:
+    if speedup is not None and max_speedup and speedup > max_speedup:
+        return f"speedup {speedup:.3g}x is above the {max_speedup:g}x plausibility limit (--max-speedup)"
+    return None

@@ -1,0 +1,136 @@
+"""Timing arithmetic on known numbers: stopping rule, intervals, fast_p, plausibility rules, baseline cache keys."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+import torch
+
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.check import degenerate_outputs
+from kernelbench_eval.measure import Lane, block_calls
+from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
+from kernelbench_eval.plausibility import judge, speedup_reason
+from kernelbench_eval.stats import chained_speedup_ci, fast_p, rse_of_median, speedup_ci
+from kernelbench_eval.timing import Rotation, keep, time_block
+
+
+def noisy(center: float, spread: float, n: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [center * (1 + rng.gauss(0, spread)) for _ in range(n)]
+
+
+def test_rse_of_median_shrinks_with_samples_and_ignores_outliers():
+    few, many = noisy(1.0, 0.05, 25, 1), noisy(1.0, 0.05, 2500, 1)
+    assert rse_of_median(many) < rse_of_median(few) / 5  # ~1/sqrt(n)
+    assert rse_of_median(many) == pytest.approx(1.2533 * 0.05 / 50, rel=0.15)
+    spiky = many[:-25] + [100.0] * 25  # 1 % of calls preempted: the median's error barely moves
+    assert rse_of_median(spiky) < 1.2 * rse_of_median(many)
+    assert rse_of_median([1.0]) == float("inf")
+
+
+def test_speedup_interval_covers_the_true_ratio_and_narrows():
+    ref, cand = noisy(2.0, 0.02, 400, 2), noisy(1.0, 0.02, 400, 3)
+    low, high = speedup_ci(ref, cand)
+    assert low < 2.0 < high and high - low < 0.02
+    low_few, high_few = speedup_ci(ref[:20], cand[:20])
+    assert high_few - low_few > high - low
+    # chained: (compile / eager) from the baseline x (eager / candidate) side by side = 0.5 x 2 = 1
+    low, high = chained_speedup_ci(noisy(1.0, 0.02, 300, 4), noisy(2.0, 0.02, 300, 5), ref, cand)
+    assert low < 1.0 < high
+
+
+def test_fast_p_counts_correct_candidates_by_the_interval_low_end():
+    entries = [(True, 2.5), (True, 1.2), (True, 0.9), (False, None), (True, None)]
+    assert fast_p(entries, 0.0) == pytest.approx(4 / 5)  # p=0: correct
+    assert fast_p(entries, 1.0) == pytest.approx(2 / 5)
+    assert fast_p(entries, 1.5) == pytest.approx(1 / 5)
+    assert fast_p(entries, 2.0) == pytest.approx(1 / 5)
+    assert fast_p([], 1.0) == 0.0
+
+
+def lane(event: list[float], device: list[float] | None = None, wall_per_call: float | None = None) -> Lane:
+    result = Lane(worker=None, event_ms=event, device_ms=device or list(event))  # type: ignore[arg-type]
+    result.wall_ms = (wall_per_call or statistics.fmean(result.device_ms) + 0.05) * len(event)
+    return result
+
+
+def test_plausibility_accepts_an_honest_pair():
+    ref, cand = lane([2.0] * 100, wall_per_call=2.06), lane([1.0] * 100, wall_per_call=1.07)
+    verdict = judge(ref, cand, "cpu", None)
+    assert verdict.reasons == [] and verdict.runtime_ms == 1.0 and verdict.speedup_trusted
+
+
+def test_plausibility_catches_a_slowed_clock():
+    ref = lane([2.0] * 100, wall_per_call=2.05)
+    cand = lane([0.1] * 100, wall_per_call=2.05)  # reports 0.1 ms, yet each call held the harness 2 ms
+    verdict = judge(ref, cand, "cpu", None)
+    assert not verdict.speedup_trusted and "clock mismatch" in verdict.reasons[0]
+
+
+def test_plausibility_times_side_stream_work_device_wide():
+    ref = lane([1.0] * 50, device=[1.01] * 50, wall_per_call=1.1)
+    cand = lane([0.01] * 50, device=[0.81] * 50, wall_per_call=0.9)  # its end event fired before its work ended
+    verdict = judge(ref, cand, "cuda", None)
+    assert any("after the call returns" in r for r in verdict.reasons)
+    assert verdict.runtime_ms == pytest.approx(0.8)
+
+
+def test_plausibility_physical_floor_and_speedup_limit():
+    ref, cand = lane([1.0] * 50, wall_per_call=1.05), lane([0.01] * 50, wall_per_call=0.06)
+    assert any("physical floor" in r for r in judge(ref, cand, "cuda", floor_ms=0.02).reasons)
+    assert speedup_reason(12.0, 10.0) and not speedup_reason(9.0, 10.0) and not speedup_reason(50.0, 0.0)
+
+
+def test_degenerate_problem_is_flagged_with_its_statistics():
+    assert "zeros would pass" in degenerate_outputs([torch.full((64,), 1e-4)], 1e-2, 1e-2)
+    constant = degenerate_outputs([torch.full((64,), 3.0) + 1e-3 * torch.rand(64)], 1e-2, 1e-2)
+    assert "a constant would pass" in constant and "mean 3" in constant
+    assert degenerate_outputs([torch.randn(64)], 1e-2, 1e-2) is None
+
+
+def test_rotation_gives_every_call_new_values_and_keeps_private_copies():
+    bases = [[torch.ones(4), torch.arange(4)], [torch.full((4,), 2.0), torch.arange(4) + 1]]
+    rotation = Rotation(bases)
+    seen: list[torch.Tensor] = []
+
+    def model(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
+        return x + idx  # a model might return a buffer it reuses: kept copies must not alias it
+
+    block = time_block(model, rotation, [(0, 0.5), (1, 1.5), (0, 1.25)], "cpu")
+    assert [float(s[0]) for s in seen] == [0.5, 3.0, 1.25]
+    assert float(rotation.live[1][0]) == 0  # integer inputs are copied, not scaled
+    assert [float(k[0][0]) for k in block.kept] == [0.5, 4.0, 1.25]
+    assert len(block.event_ms) == 3 and all(t >= 0 for t in block.event_ms)
+    assert keep((torch.ones(1), 3))[1] is None
+
+
+def test_block_size_respects_the_kept_output_budget():
+    assert block_calls(1000) == 10
+    assert block_calls(200 << 20) == 2
+    assert block_calls(4 << 30) == 1
+
+
+def baseline(sha: str = "abc", device: str = "cpu (2 threads)", settings: RunSettings | None = None) -> Baseline:
+    stats = TimingStats.from_samples([1.0, 1.1, 0.9])
+    return Baseline(problem="p", source_sha256=sha, device_name=device, torch_version="2.13.0",
+                    timing_key=(settings or RunSettings(device="cpu")).timing_key(), eager=stats,
+                    eager_samples=[1.0, 1.1, 0.9], compiled=stats, compiled_samples=[1.0])
+
+
+def test_baseline_store_keys_on_source_device_torch_and_timing(tmp_path):
+    store = BaselineStore(tmp_path / "baselines.json")
+    store.put(baseline())
+    store.put(baseline(sha="def"))
+    key = baseline_key("abc", "cpu (2 threads)", "2.13.0", RunSettings(device="cpu").timing_key())
+    assert store.get(key) == baseline()
+    assert store.get(baseline_key("abc", "H100", "2.13.0", RunSettings(device="cpu").timing_key())) is None
+    other = RunSettings(device="cpu", reps=500).timing_key()
+    assert other != RunSettings(device="cpu").timing_key()
+    assert RunSettings(device="cpu", atol=0.5).timing_key() == RunSettings(device="cpu").timing_key()
+    assert store.get(baseline_key("abc", "cpu (2 threads)", "2.13.0", other)) is None
+    (tmp_path / "baselines.json").write_text("{torn")
+    assert store.get(key) is None  # a damaged cache means measuring again, not a crash
