@@ -25,7 +25,7 @@ from kernelbench_eval.evaluate import describe_problem
 from kernelbench_eval.gate import BASELINES, GateUsageError, check_gate
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
-from kernelbench_eval.report import FORMATS, load_run, render, write_default_reports
+from kernelbench_eval.report import FORMATS, fast_p_text, load_run, render, write_default_reports
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console()
@@ -153,6 +153,7 @@ def run_cmd(
     console.print(verdict_table(result.verdicts, title=f"run {result.run_dir.name}"))
     console.print(f"{len(result.verdicts)} verdicts ({status_counts(result.verdicts)})"
                   + (f", {result.reused} reused from before" if result.reused else ""))
+    console.print(fast_p_text(result.verdicts), markup=False, highlight=False)
     console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}")
     for path in write_default_reports(result.run_dir):
         console.print(f"report: {path}")

@@ -12,6 +12,7 @@ import pandas as pd
 
 STATUS_COLOURS = {
     "ok": "#1a7f37",
+    "suspicious": "#9a6700",
     "incorrect": "#cf222e",
     "compile_error": "#8250df",
     "load_error": "#8250df",

@@ -7,6 +7,7 @@ where the text goes), so the same run always renders the same report.
 from __future__ import annotations
 
 import io
+import json
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -18,12 +19,14 @@ from rich.console import Console
 from kernelbench_eval.display import status_counts, verdict_table
 from kernelbench_eval.models import Verdict
 from kernelbench_eval.record import RunRecorder, write_atomic
+from kernelbench_eval.stats import FAST_P, fast_p
 
-FORMATS = ("table", "csv", "json", "markdown", "html", "junit")
-COLUMNS = ["problem", "candidate", "status", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "max_abs_diff",
-           "error", "log"]
+FORMATS = ("table", "csv", "json", "markdown", "html", "junit", "summary")
+COLUMNS = ["problem", "candidate", "status", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "speedup_low",
+           "compile_runtime_ms", "speedup_vs_compile", "speedup_vs_compile_low", "max_abs_diff", "error", "log"]
 STRING_COLUMNS = ["problem", "candidate", "status", "error", "log"]
-FLOAT_COLUMNS = ["runtime_ms", "ref_runtime_ms", "speedup", "max_abs_diff"]
+FLOAT_COLUMNS = ["runtime_ms", "ref_runtime_ms", "speedup", "speedup_low", "compile_runtime_ms", "speedup_vs_compile",
+                 "speedup_vs_compile_low", "max_abs_diff"]
 # The dtypes of `leaderboard()`; pass them to `pd.read_csv`/`pd.read_json` so that a column that happens to be
 # empty in this run (say, no logs) reads back as the same type instead of being guessed.
 DTYPES: dict[str, str] = {**dict.fromkeys(STRING_COLUMNS, "str"), "correct": "bool",
@@ -42,12 +45,44 @@ def load_run(run_dir: Path) -> list[Verdict]:
 
 def leaderboard(verdicts: list[Verdict]) -> pd.DataFrame:
     """One row per candidate, sorted by problem, then speedup (fastest first, no speedup last), then name."""
-    rows = [{col: getattr(v, col) for col in COLUMNS} for v in verdicts]
+    rows = [_row(v) for v in verdicts]
     df = pd.DataFrame(rows, columns=COLUMNS)
     df = df.astype(DTYPES)
     df = df.sort_values(["problem", "speedup", "candidate"], ascending=[True, False, True], na_position="last",
                         kind="mergesort")
     return df.reset_index(drop=True)
+
+
+def _row(v: Verdict) -> dict[str, object]:
+    row: dict[str, object] = {col: getattr(v, col, None) for col in COLUMNS}
+    row["speedup_low"] = v.speedup_vs_eager_ci[0] if v.speedup_vs_eager_ci else None
+    row["speedup_vs_compile_low"] = v.speedup_vs_compile_ci[0] if v.speedup_vs_compile_ci else None
+    return row
+
+
+def fast_p_frame(verdicts: list[Verdict]) -> pd.DataFrame:
+    """fast_p per problem and overall, against eager and torch.compile: the share of candidates correct,
+    not suspicious, and faster than the baseline by more than p at the low end of the 95 % interval."""
+    rows = []
+    groups = sorted({v.problem for v in verdicts})
+    for problem in [*groups, "all"]:
+        group = [v for v in verdicts if problem in ("all", v.problem)]
+        for baseline, field in (("eager", "speedup_vs_eager_ci"), ("compile", "speedup_vs_compile_ci")):
+            entries = [(v.status == "ok", (getattr(v, field) or (None,))[0]) for v in group]
+            row: dict[str, object] = {"problem": problem, "baseline": baseline, "candidates": len(group)}
+            row.update({f"fast_{p:g}": fast_p(entries, p) for p in FAST_P})
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["problem", "baseline", "candidates", *(f"fast_{p:g}" for p in FAST_P)])
+
+
+def to_summary(verdicts: list[Verdict]) -> str:
+    """`summary.json`: counts by status and fast_p, for dashboards that want one small file."""
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[v.status] = counts.get(v.status, 0) + 1
+    payload = {"candidates": len(verdicts), "statuses": dict(sorted(counts.items())),
+               "fast_p": fast_p_frame(verdicts).to_dict(orient="records")}
+    return json.dumps(payload, indent=2) + "\n"
 
 
 def best_per_problem(df: pd.DataFrame) -> pd.DataFrame:
@@ -76,7 +111,20 @@ def to_table(verdicts: list[Verdict], title: str = "report", width: int | None =
     for row in best_per_problem(leaderboard(verdicts)).itertuples():
         best = f"{row.candidate} {row.speedup:.2f}x" if isinstance(row.candidate, str) else "no correct candidate"
         out.print(f"best {row.problem}: {best}", markup=False)
+    out.print(fast_p_text(verdicts), markup=False)
     return buffer.getvalue()
+
+
+def fast_p_text(verdicts: list[Verdict]) -> str:
+    """fast_p as aligned text lines (overall first), the way `kbeval run` ends."""
+    df = fast_p_frame(verdicts)
+    cols = [c for c in df.columns if c.startswith("fast_")]
+    lines = ["fast_p (correct and faster than the baseline by more than p, 95% lower bound):"]
+    order = pd.concat([df[df["problem"] == "all"], df[df["problem"] != "all"]])
+    for row in order.to_dict(orient="records"):
+        values = "  ".join(f"{c}={row[c]:.2f}" for c in cols)
+        lines.append(f"  {row['problem']} vs {row['baseline']}: {values}")
+    return "\n".join(lines)
 
 
 def to_csv(verdicts: list[Verdict]) -> str:
@@ -114,6 +162,12 @@ def to_markdown(verdicts: list[Verdict]) -> str:
                    format_number(row.speedup, ".2f", "x"), format_number(row.max_abs_diff, ".2g")]
         cells = [_md_cell(row.problem), _md_cell(row.candidate), status, *numbers, _md_cell(row.error)]
         lines.append("| " + " | ".join(cells) + " |")
+    fp = fast_p_frame(verdicts)
+    cols = [c for c in fp.columns if c.startswith("fast_")]
+    lines += ["", "| problem | baseline | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
+    for row in fp.to_dict(orient="records"):
+        lines.append(f"| {_md_cell(row['problem'])} | {row['baseline']} | "
+                     + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -126,7 +180,7 @@ def to_junit(verdicts: list[Verdict]) -> str:
     totals = {"tests": 0, "failures": 0, "skipped": 0}
     total_time = 0.0
     for problem, group in by_problem.items():
-        failures = sum(1 for v in group if not v.correct and v.status != "skipped")
+        failures = sum(1 for v in group if _junit_failed(v))
         skipped = sum(1 for v in group if v.status == "skipped")
         seconds = sum(v.wall_seconds for v in group)
         suite = ET.SubElement(root, "testsuite", name=problem, tests=str(len(group)), failures=str(failures),
@@ -135,7 +189,7 @@ def to_junit(verdicts: list[Verdict]) -> str:
             case = ET.SubElement(suite, "testcase", classname=problem, name=v.candidate, time=f"{v.wall_seconds:.3f}")
             if v.status == "skipped":
                 ET.SubElement(case, "skipped", message=v.error or "skipped")
-            elif not v.correct:
+            elif _junit_failed(v):
                 failure = ET.SubElement(case, "failure", message=(v.error or v.status).splitlines()[0][:500] if (
                     v.error or v.status).strip() else v.status, type=v.status)
                 failure.text = "\n".join(x for x in (v.error, f"log: {v.log}" if v.log else None) if x)
@@ -155,6 +209,11 @@ def to_junit(verdicts: list[Verdict]) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def _junit_failed(v: Verdict) -> bool:
+    """Incorrect, broken, and suspicious candidates fail; a suspicious time is not a pass."""
+    return v.status != "skipped" and (not v.correct or v.status == "suspicious")
+
+
 def to_html(verdicts: list[Verdict], title: str = "kbeval report") -> str:
     from kernelbench_eval.html_report import render_html
 
@@ -163,6 +222,7 @@ def to_html(verdicts: list[Verdict], title: str = "kbeval report") -> str:
 
 WRITERS: dict[str, Callable[[list[Verdict]], str]] = {
     "table": to_table, "csv": to_csv, "json": to_json, "markdown": to_markdown, "junit": to_junit, "html": to_html,
+    "summary": to_summary,
 }
 
 
@@ -174,7 +234,8 @@ def render(verdicts: list[Verdict], fmt: str, title: str = "kbeval report") -> s
     return WRITERS[fmt](verdicts)
 
 
-DEFAULT_REPORTS = {"leaderboard.csv": "csv", "leaderboard.json": "json", "report.html": "html", "junit.xml": "junit"}
+DEFAULT_REPORTS = {"leaderboard.csv": "csv", "leaderboard.json": "json", "report.html": "html", "junit.xml": "junit",
+                   "summary.json": "summary"}
 
 
 def write_default_reports(run_dir: Path) -> list[Path]:

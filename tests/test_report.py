@@ -21,6 +21,8 @@ from kernelbench_eval.record import RunRecorder
 from kernelbench_eval.report import (
     DTYPES,
     best_per_problem,
+    fast_p_frame,
+    fast_p_text,
     leaderboard,
     load_run,
     to_csv,
@@ -86,7 +88,8 @@ def test_leaderboard_rows_and_order(run_dir: Path) -> None:
     df = leaderboard(load_run(run_dir))
     assert len(df) == 10
     assert list(df.columns) == ["problem", "candidate", "status", "correct", "runtime_ms", "ref_runtime_ms",
-                                "speedup", "max_abs_diff", "error", "log"]
+                                "speedup", "speedup_low", "compile_runtime_ms", "speedup_vs_compile",
+                                "speedup_vs_compile_low", "max_abs_diff", "error", "log"]
     assert list(df["candidate"][:4]) == ["fast", "slow", "nobuild", "wrong"]  # speedup desc, then no speedup
     assert list(df["problem"]) == sorted(df["problem"])
     assert df["speedup"].isna().sum() == 6
@@ -129,7 +132,7 @@ def test_roundtrip_with_an_empty_column(tmp_path: Path) -> None:
 
 def test_markdown(run_dir: Path) -> None:
     md = to_markdown(load_run(run_dir))
-    lines = md.strip().splitlines()
+    lines = md.strip().split("\n\n")[0].splitlines()  # the leaderboard; fast_p follows
     assert lines[0].startswith("| problem | candidate | status")
     assert re.fullmatch(r"\|(:?-+:?\|)+", lines[1])
     assert len(lines) == 2 + 10
@@ -166,8 +169,28 @@ def test_html_is_self_contained_and_escaped(run_dir: Path) -> None:
 
 def test_write_default_reports(run_dir: Path) -> None:
     paths = write_default_reports(run_dir)
-    assert sorted(p.name for p in paths) == ["junit.xml", "leaderboard.csv", "leaderboard.json", "report.html"]
+    assert sorted(p.name for p in paths) == ["junit.xml", "leaderboard.csv", "leaderboard.json", "report.html",
+                                             "summary.json"]
     assert all(p.parent == run_dir and p.stat().st_size > 0 for p in paths)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["candidates"] == 10 and summary["statuses"]["ok"] == 4
+
+
+def test_fast_p_per_problem_and_overall() -> None:
+    verdicts = [verdict("a", "x", "ok", 2.5, speedup_vs_eager_ci=(2.2, 2.8)),
+                verdict("a", "y", "ok", 1.2, speedup_vs_eager_ci=(0.9, 1.5)),
+                verdict("a", "z", "incorrect"),
+                verdict("b", "w", "suspicious", 30.0, speedup_vs_eager_ci=(25.0, 35.0)),
+                verdict("b", "v", "ok", 1.6, speedup_vs_eager_ci=(1.55, 1.65), speedup_vs_compile=1.1,
+                        speedup_vs_compile_ci=(1.05, 1.15))]
+    df = fast_p_frame(verdicts).set_index(["problem", "baseline"])
+    assert df.loc[("a", "eager"), "fast_0"] == pytest.approx(2 / 3)
+    assert df.loc[("a", "eager"), "fast_1"] == pytest.approx(1 / 3)  # y's interval reaches below 1
+    assert df.loc[("b", "eager"), "fast_1.5"] == pytest.approx(1 / 2)  # the suspicious one never counts
+    assert df.loc[("all", "eager"), "fast_2"] == pytest.approx(1 / 5)
+    assert df.loc[("all", "compile"), "fast_1"] == pytest.approx(1 / 5)
+    assert df.loc[("all", "compile"), "fast_0"] == pytest.approx(3 / 5)
+    assert "all vs eager: fast_0=0.60  fast_1=0.40" in fast_p_text(verdicts)
 
 
 # --- the report command ----------------------------------------------------------------------------------
