@@ -275,7 +275,19 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker if the harness dies (even by SIGKILL), so no candidate outlives it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
+    _die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
     serve(parser.parse_args().reply_fd)

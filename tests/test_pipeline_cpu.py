@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from conftest import FIXTURE_RUN_ARGS, FIXTURES, kbeval, read_verdicts
+from conftest import FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 
 EXPECTED = {
     "cpp_honest": "ok",
@@ -160,3 +166,43 @@ def test_usage_errors_exit_2(build_cache, tmp_path):
     assert missing.returncode == 2 and "problems folder not found" in missing.stderr
     bad_dim = kbeval("run", "--device", "cpu", "--dim", "batch_size", cache=build_cache, check=False)
     assert bad_dim.returncode == 2 and "NAME=NUMBER" in bad_dim.stderr
+
+
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(fixture_run, build_cache, tmp_path):
+    """Kill the real harness with SIGKILL part-way, resume, and get every verdict exactly once."""
+    env = dict(os.environ, KBEVAL_CACHE_DIR=str(build_cache))
+    args = [sys.executable, "-m", "kernelbench_eval", "run", *FIXTURE_RUN_ARGS, "--out", str(tmp_path),
+            "--run-id", "killed", "--no-compile-baseline"]
+    harness = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "killed" / "verdicts.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 9):
+        time.sleep(0.2)
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    before = log.read_text().splitlines()
+    assert 9 <= len(before) < len(EXPECTED), "the kill must land mid-run"
+    time.sleep(2)
+    assert not _workers_of(build_cache), "workers must not outlive a killed harness"
+    kbeval("run", "--resume", str(tmp_path / "killed"), cache=build_cache)
+    after = log.read_text().splitlines()
+    assert after[: len(before)] == before  # recorded verdicts kept, untouched
+    names = [json.loads(line)["candidate"] for line in after]
+    assert len(names) == len(set(names)) == len(EXPECTED)
+    resumed = {json.loads(line)["candidate"]: json.loads(line)["status"] for line in after}
+    assert resumed == {n: v["status"] for n, v in read_verdicts(fixture_run[0]).items()}
+
+
+def _workers_of(cache: Path) -> list[str]:
+    """Command lines of live kbeval workers started by a harness that used this build cache."""
+    needle = f"KBEVAL_CACHE_DIR={cache}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if "kernelbench_eval.worker" in cmdline:
+                    found.append(cmdline)
+        except OSError:
+            continue
+    return found
