@@ -20,23 +20,53 @@ FILE_NAME = "baselines.json"
 class BaselineStore:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._mine: dict[str, dict] = {}  # entries this run wrote or used, to restore if something forges them
 
     def get(self, key: str) -> Baseline | None:
         entry = self._read().get(key)
-        return Baseline.model_validate(entry) if entry else None
+        try:
+            baseline = Baseline.model_validate(entry) if entry else None
+        except ValueError:
+            return None  # a damaged entry is measured again
+        if baseline and baseline.key() != key:
+            return None
+        if entry:
+            self._mine[key] = entry
+        return baseline
 
     def put(self, baseline: Baseline) -> None:
+        self._mine[baseline.key()] = baseline.model_dump(mode="json")
+        self._merge()
+
+    def repair(self) -> bool:
+        """Rewrite this run's entries if the file lost or changed them (another run's additions are kept)."""
+        if not self._mine:
+            return False
+        current = self._read() if self.path.exists() else {}
+        if all(current.get(k) == v for k, v in self._mine.items()) and self._parses():
+            return False
+        self._merge()
+        return True
+
+    def _merge(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = self._read()
-            entries[baseline.key()] = baseline.model_dump(mode="json")
+            entries = {**self._read(), **self._mine}
             write_atomic(self.path, json.dumps(entries, indent=1, sort_keys=True))
+
+    def _parses(self) -> bool:
+        try:
+            json.loads(self.path.read_text())
+            return True
+        except (OSError, ValueError):
+            return False
 
     def _read(self) -> dict[str, dict]:
         if not self.path.exists():
             return {}
         try:
-            return json.loads(self.path.read_text())
+            entries = json.loads(self.path.read_text())
         except ValueError:  # a damaged cache is only a cache: measure again
             return {}
+        return entries if isinstance(entries, dict) else {}

@@ -161,3 +161,37 @@ def degenerate_outputs(expected: list[torch.Tensor], atol: float, rtol: float) -
                         f"{float(finite.mean()):.3g}, std {float(finite.std()) if finite.numel() > 1 else 0.0:.3g}, "
                         f"min {float(finite.min()):.3g}, max {float(finite.max()):.3g}")
     return None
+
+
+Fingerprint = tuple[float, float]  # (sum, sum of magnitudes) of one output, in float64
+
+
+def compare_fingerprints(expected: list[list[Fingerprint]], got: list[list[Fingerprint]], numels: list[int],
+                         atol: float, rtol: float) -> str | None:
+    """The first timed call whose output cannot be within tolerance of the reference's, or None.
+
+    If every element satisfies |got - exp| <= atol + rtol * |exp|, then both the sums and the sums of
+    magnitudes differ by at most numel * atol + rtol * sum|exp|: a necessary condition, so an honest
+    candidate always passes it, while garbage or a stale answer almost never does.
+    """
+    if len(got) != len(expected):
+        return f"reported {len(got)} timed calls, expected {len(expected)}"
+    for call, (exp_call, got_call) in enumerate(zip(expected, got, strict=True)):
+        if len(got_call) != len(exp_call):
+            return f"timed call {call}: {len(got_call)} outputs, expected {len(exp_call)}"
+        for i, ((exp_sum, exp_abs), (got_sum, got_abs), numel) in enumerate(zip(exp_call, got_call, numels,
+                                                                                  strict=False)):
+            if not (math.isfinite(exp_sum) and math.isfinite(exp_abs)):
+                continue  # the reference itself has NaN/Inf: only the full comparisons judge this call
+            bound = numel * atol + rtol * exp_abs + 1e-9 * exp_abs
+            if not (abs(got_sum - exp_sum) <= bound and abs(got_abs - exp_abs) <= bound):
+                label = f" output {i}" if len(exp_call) > 1 else ""
+                return (f"timed call {call}{label}: sum {got_sum:.6g} (|x| sum {got_abs:.6g}) cannot be within "
+                        f"tolerance of the reference's {exp_sum:.6g} ({exp_abs:.6g})")
+    return None
+
+
+def same_fingerprint(reported: Fingerprint, actual: Fingerprint) -> bool:
+    """Whether a dumped output is the one that was fingerprinted when it was timed (summation order aside)."""
+    return all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+               for a, b in zip(reported, actual, strict=True))

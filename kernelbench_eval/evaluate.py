@@ -23,7 +23,13 @@ from pathlib import Path
 import torch
 
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.check import TrialCheck, compare_outputs, degenerate_outputs
+from kernelbench_eval.check import (
+    TrialCheck,
+    compare_fingerprints,
+    compare_outputs,
+    degenerate_outputs,
+    same_fingerprint,
+)
 from kernelbench_eval.compile import Compiled, extension_env
 from kernelbench_eval.discover import Problem
 from kernelbench_eval.measure import Deadline, Lane, LaneError, block_calls, measure, sm_clock_mhz
@@ -40,6 +46,7 @@ from kernelbench_eval.models import (
 from kernelbench_eval.plausibility import judge, speedup_reason
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.stats import chained_speedup_ci, rse_of_median, speedup_ci
+from kernelbench_eval.timing import fingerprint
 
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
@@ -132,8 +139,8 @@ class ProblemSession:
                 out_file = self.workdir / f"expected_{trial}.pt"
                 reply = _ok(self.worker.request(_run_request(self.input_file(trial), out_file), deadline.left()))
                 self.metas.append(reply.outputs)
-                self.outputs.append(torch.load(out_file, weights_only=True, mmap=True))
-                out_file.unlink()  # expected values live only in the harness from here on
+                self.outputs.append(_load_private(out_file))
+                out_file.unlink()  # expected values live only in the harness's private memory from here on
             self.warning = degenerate_outputs(self.outputs[0], self.settings.atol, self.settings.rtol)
             self.baseline = self._baseline()
         except (WorkerFailure, _ReplyError, LaneError) as exc:
@@ -153,6 +160,9 @@ class ProblemSession:
 
     def output_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.outputs[0] if isinstance(t, torch.Tensor))
+
+    def output_numels(self) -> list[int]:
+        return [t.numel() if isinstance(t, torch.Tensor) else 0 for t in self.outputs[0]]
 
     def _prepare_request(self) -> WorkerRequest:
         return WorkerRequest(op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
@@ -270,11 +280,15 @@ class ProblemSession:
     def _compare(self, out_file: Path, expected: list[torch.Tensor], metas: list[TensorMeta],
                  got_metas: list[TensorMeta], outcome: Outcome) -> TrialCheck:
         try:
-            got = torch.load(out_file, weights_only=True, mmap=True)
+            got = _load_private(out_file)
         except Exception as exc:  # a forged or unpicklable output is the candidate's failure
             return TrialCheck(False, error=f"outputs could not be read back ({exc})")
         finally:
             out_file.unlink(missing_ok=True)
+        return self._compare_loaded(got, expected, metas, got_metas, outcome)
+
+    def _compare_loaded(self, got: list, expected: list[torch.Tensor], metas: list[TensorMeta],
+                        got_metas: list[TensorMeta], outcome: Outcome) -> TrialCheck:
         result = compare_outputs(expected, metas, got, got_metas, self.settings.atol, self.settings.rtol)
         if result.max_abs_diff is not None:
             outcome.max_abs_diff = max(outcome.max_abs_diff or 0.0, result.max_abs_diff)
@@ -290,7 +304,15 @@ class ProblemSession:
         rng = secrets.SystemRandom()
         checked: list[int] = []
 
-        def check(block: int, schedule: list[tuple[int, float]], always: bool = False) -> None:
+        def check(block: int, schedule: list[tuple[int, float, int]], always: bool = False) -> None:
+            if outcome.status != "ok":
+                return
+            if not always:  # every call of every block, by fingerprint
+                why = compare_fingerprints(ref.last.fingerprints, cand.last.fingerprints, self.output_numels(),
+                                           self.settings.atol, self.settings.rtol)
+                if why:
+                    _fail(outcome, f"block {block}, {why} (every timed call is checked)")
+                    return
             if always or block == 0 or (len(checked) < MAX_TIMED_CHECKS and rng.random() < 0.25):
                 call = rng.randrange(len(schedule))
                 self._check_timed_call(ref, cand, workdir, (block, call), outcome, deadline)
@@ -313,22 +335,30 @@ class ProblemSession:
             return
         index = where[1]
         expected_file, got_file = self.workdir / "timed_expected.pt", workdir / "timed_out.pt"
-        expected_reply = _ok(ref.worker.request(WorkerRequest(op="dump", index=index,
-                                                              output_file=str(expected_file)), deadline.left()))
-        expected = torch.load(expected_file, weights_only=True)
-        expected_file.unlink()
+        # the candidate answers first: the reference's output never exists on disk while it can still act
         got_reply = _ok(cand.worker.request(WorkerRequest(op="dump", index=index, output_file=str(got_file)),
                                             deadline.left()))
-        result = self._compare(got_file, expected, expected_reply.outputs, got_reply.outputs, outcome)
+        got = _load_private(got_file)
+        expected_reply = _ok(ref.worker.request(WorkerRequest(op="dump", index=index,
+                                                              output_file=str(expected_file)), deadline.left()))
+        expected = _load_private(expected_file)
+        expected_file.unlink()
+        where_text = f"timed call {where[1]} of block {where[0]}"
+        reported = cand.last.fingerprints[index] if cand.last else []
+        if len(reported) != len(got) or not all(
+                same_fingerprint(r, fingerprint(g)) for r, g in zip(reported, got, strict=False)):
+            _fail(outcome, f"{where_text}: the output read back is not the one produced when the call was timed")
+            return
+        result = self._compare_loaded(got, expected, expected_reply.outputs, got_reply.outputs, outcome)
         if not result.passed:
-            _fail(outcome, f"timed call {where[1]} of block {where[0]}: {result.error} (timed calls are checked too)")
+            _fail(outcome, f"{where_text}: {result.error} (timed calls are checked too)")
 
     def _record_timing(self, ref: Lane, cand: Lane, blocks: int, checks: int, clocks: list[int | None],
                        seconds: float, outcome: Outcome) -> None:
         floor = None
         if self.settings.device == "cuda" and self.bandwidth_gbs:
             floor = self.input_bytes / (self.bandwidth_gbs * 1e9) * 1e3
-        verdict = judge(ref, cand, self.settings.device, floor)
+        verdict = judge(ref, cand, self.settings.device, floor, self.settings.threads)
         speedup = ref.median() / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
         reason = speedup_reason(speedup, self.settings.max_speedup)
         reasons = verdict.reasons + ([reason] if reason else [])
@@ -353,6 +383,11 @@ class ProblemSession:
                 base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms))
         if reasons:
             outcome.status, outcome.error = "suspicious", "suspicious: " + "; ".join(reasons)
+
+
+def _load_private(path: Path) -> list:
+    """Read outputs into the harness's anonymous memory: no file mapping a candidate could open via /proc."""
+    return torch.load(path, weights_only=True, mmap=False)
 
 
 def _shifted(samples: list[float], runtime_ms: float) -> list[float]:

@@ -16,11 +16,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kernelbench_eval.models import RunSettings, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerProcess
 from kernelbench_eval.stats import rse_of_median
 
+Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10
 KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
 SCALE_RANGE = (0.75, 1.25)
@@ -40,7 +42,13 @@ class Lane:
     event_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)
     wall_ms: float = 0.0
+    block_gaps: list[float] = field(default_factory=list)  # per block: wall per call minus reported per call
     graph_error: str | None = None
+    last: WorkerReply | None = None  # the latest block's reply (per-call fingerprints for the checks)
+    cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
+
+    def cores_used(self) -> float:
+        return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
 
     def median(self) -> float:
         return statistics.median(self.event_ms)
@@ -49,8 +57,18 @@ class Lane:
         return self.wall_ms / len(self.event_ms)
 
     def unexplained(self) -> float:
-        """Wall time per call not covered by the device-wide per-call times this lane reported."""
-        return self.wall_per_call() - statistics.fmean(self.device_ms)
+        """Wall time per call not covered by the device-wide times this lane reported (median over blocks,
+        so one block slowed by a garbage collection or a preemption does not decide)."""
+        return statistics.median(self.block_gaps)
+
+    def add_block(self, reply: WorkerReply, wall_ms: float) -> None:
+        self.wall_ms += wall_ms
+        self.event_ms += reply.samples_ms
+        self.device_ms += reply.device_ms
+        if reply.device_ms:
+            self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
+        self.graph_error = self.graph_error or reply.graph_error
+        self.last = reply
 
     def device_tail(self) -> float:
         return statistics.median(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True))
@@ -61,7 +79,7 @@ class Measurement:
     lanes: list[Lane]
     blocks: int
     seconds: float
-    last_schedule: list[tuple[int, float]]
+    last_schedule: list[Call]
 
 
 class Deadline:
@@ -78,7 +96,7 @@ def block_calls(output_bytes: int) -> int:
 
 
 def measure(lanes: list[Lane], input_files: list[str], settings: RunSettings, deadline: Deadline,
-            calls_per_block: int, after_block: Callable[[int, list[tuple[int, float]]], None] | None = None,
+            calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
             ) -> Measurement:
     """Time every lane, block by block in alternating order, until the stopping rule is met."""
     rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
@@ -88,15 +106,15 @@ def measure(lanes: list[Lane], input_files: list[str], settings: RunSettings, de
     started = time.monotonic()
     blocks, schedule = 0, []
     while True:
-        schedule = [(rng.randrange(len(input_files)), rng.uniform(*SCALE_RANGE)) for _ in range(calls_per_block)]
+        schedule = [(rng.randrange(len(input_files)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
+                    for _ in range(calls_per_block)]
         for lane in lanes if blocks % 2 == 0 else lanes[::-1]:
             req = WorkerRequest(op="time", inputs_files=input_files, schedule=schedule, graph=settings.cuda_graph)
+            cpu_before = process_cpu_ms(lane.worker)
             begun = time.perf_counter_ns()
             reply = _request(lane, req, deadline)
-            lane.wall_ms += (time.perf_counter_ns() - begun) / 1e6
-            lane.event_ms += reply.samples_ms
-            lane.device_ms += reply.device_ms
-            lane.graph_error = lane.graph_error or reply.graph_error
+            lane.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
+            lane.cpu_ms += process_cpu_ms(lane.worker) - cpu_before
         if after_block:
             after_block(blocks, schedule)
         blocks += 1
@@ -118,6 +136,16 @@ def _request(lane: Lane, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
     if not reply.ok:
         raise LaneError(reply)
     return reply
+
+
+def process_cpu_ms(worker: WorkerProcess) -> float:
+    """User plus system CPU time of a worker's process (all its threads), as the kernel accounts it."""
+    pid = getattr(getattr(worker, "proc", None), "pid", None)
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def sm_clock_mhz() -> int | None:

@@ -242,7 +242,7 @@ class WorkerRequest(BaseModel):
     sentinel: int | None = None
     # time: one call per (base set, scale) of `schedule` on rotating inputs; dump: save call `index`
     inputs_files: list[str] = Field(default_factory=list)
-    schedule: list[tuple[int, float]] = Field(default_factory=list)
+    schedule: list[tuple[int, float, int]] = Field(default_factory=list)  # (base set, scale, noise seed)
     warmup: int = 0
     warmup_seconds: float = 0.0
     graph: bool = False
@@ -258,6 +258,7 @@ class WorkerReply(BaseModel):
     outputs: list[TensorMeta] = Field(default_factory=list)
     samples_ms: list[float] = Field(default_factory=list)
     device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
+    fingerprints: list[list[tuple[float, float]]] = Field(default_factory=list)  # per call, per output
     graph_error: str | None = None
     launch_error: str | None = None
     mutated_inputs: bool = False

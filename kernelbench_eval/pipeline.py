@@ -98,6 +98,7 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
 
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
+    _keep_memory_private()
     recorder, manifest = open_run(opts)
     found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir), opts.only)
     previous = recorder.load()
@@ -106,8 +107,10 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
     session = _Session(opts, recorder, manifest, found, listen)
     session.judge(todo)
-    if recorder.finalize():
-        session.warnings.append(f"{recorder.verdicts_path} was altered after the last verdict; restored")
+    if recorder.finalize(manifest):
+        session.warnings.append(f"{recorder.run_dir} was altered after the last verdict; restored")
+    if session.store.repair():
+        session.warnings.append(f"{session.store.path} was altered during the run; this run's entries restored")
     return RunResult(recorder.run_dir, recorder.load(), found.warnings + session.warnings,
                      reused=len(found.candidates) - len(todo))
 
@@ -278,6 +281,17 @@ def _outcome_fields(outcome: Outcome, ref: ProblemSession) -> dict:
             speedup_vs_compile_ci=outcome.speedup_vs_compile_ci,
         )
     return fields
+
+
+def _keep_memory_private() -> None:
+    """Make this process non-dumpable: other processes of the same (non-root) user, candidates included,
+    can then no longer read its memory through /proc/<pid>/mem or map_files, where expected outputs live."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
 
 
 def _now() -> str:

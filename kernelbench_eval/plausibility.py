@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kernelbench_eval.measure import Lane
 
-CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python) beyond the reference's
+CLOCK_SLACK_MS = 0.03  # wall time per call a timer may miss (pipe, Python) beyond the reference's
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger
 TAIL_SLACK_MS = 0.02
 TAIL_SLACK_SHARE = 0.1
@@ -24,9 +24,13 @@ class Judgement:
     speedup_trusted: bool = True
 
 
-def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None) -> Judgement:
+def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: int | None = None) -> Judgement:
     """The candidate's runtime and the reasons, if any, to distrust it."""
     result = Judgement(runtime_ms=cand.median())
+    cores = cand.cores_used()
+    if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5):
+        result.reasons.append(f"it kept {cores:.2g} cores busy while timed, but the run fixes {threads} thread(s) "
+                              "(--threads); the reference was held to that")
     explained = statistics.fmean(cand.device_ms)
     excess = cand.unexplained() - ref.unexplained()
     if excess > max(CLOCK_SLACK_MS, CLOCK_SLACK_SHARE * explained):

@@ -85,9 +85,14 @@ class RunRecorder:
         self._stamp = _stamp(self.verdicts_path)
         return True
 
-    def finalize(self) -> bool:
-        """Restore anything altered, and rewrite every two-line file from the verdicts held in memory."""
+    def finalize(self, manifest: RunManifest) -> bool:
+        """Restore anything altered, and rewrite the manifest and every two-line file from memory."""
         altered = self.tampered()
+        path = self.run_dir / MANIFEST
+        text = manifest.model_dump_json(indent=2)
+        if not path.exists() or path.read_text(errors="replace") != text:
+            altered = altered or path.exists()
+            self.write_manifest(manifest)
         for line in self._lines:
             verdict = Verdict.model_validate_json(line)
             path = self.run_dir / verdict.problem / f"{verdict.candidate}.txt"

@@ -6,7 +6,10 @@ can still patch this module (it shares the process), which is why the harness cr
 against its own wall clock.
 
 Each timed call gets inputs it has never seen: fixed input buffers are refilled from one of a few base
-sets, scaled by a fresh factor, so caching by pointer or by value cannot replay an old answer. Then the
+sets, each element scaled by a fresh random factor (a common factor times 0.95 to 1.05 per element), so
+caching by pointer or by value cannot replay an old answer, and no linear shortcut (W(s x) = s W x) can
+reuse one. Every call's outputs are kept and fingerprinted (sum and sum of magnitudes in float64) so the
+harness can check every timed call against the reference's, not only those it reads back in full. Then the
 L2 is flushed (persisting lines reset too), the whole device synchronised, and the call timed twice
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
@@ -33,22 +36,41 @@ class Block:
     device_ms: list[float] = field(default_factory=list)
     kept: list[list[torch.Tensor | None]] = field(default_factory=list)
 
+    def fingerprints(self) -> list[list[tuple[float, float]]]:
+        return [[fingerprint(o) for o in outs] for outs in self.kept]
+
+
+JITTER = 0.05  # each element's factor varies by this much around the call's common scale
+
 
 class Rotation:
-    """Fixed input buffers, refilled before each call from base set `k` times a scale factor."""
+    """Fixed input buffers, refilled before each call from base set `k` with per-element random factors."""
 
     def __init__(self, bases: list[list[object]]) -> None:
         self.bases = bases
         self.live = [x.clone() if isinstance(x, torch.Tensor) else x for x in bases[0]]
 
-    def fill(self, k: int, scale: float) -> list[object]:
-        for live, base in zip(self.live, self.bases[k], strict=True):
-            if isinstance(live, torch.Tensor):
-                if live.is_floating_point() or live.is_complex():
-                    torch.mul(base, scale, out=live)
-                else:
-                    live.copy_(base)
+    def fill(self, k: int, scale: float, seed: int) -> list[object]:
+        """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
+        for i, (live, base) in enumerate(zip(self.live, self.bases[k], strict=True)):
+            if not isinstance(live, torch.Tensor):
+                continue
+            if live.is_floating_point():
+                generator = torch.Generator(device=live.device).manual_seed((seed * 1009 + i) % (1 << 63))
+                factor = torch.rand(live.shape, generator=generator, device=live.device, dtype=live.dtype)
+                factor.mul_(2 * JITTER).add_(1 - JITTER).mul_(scale)
+                torch.mul(base, factor, out=live)
+            else:
+                live.copy_(base)
         return self.live
+
+
+def fingerprint(out: torch.Tensor | None) -> tuple[float, float]:
+    """(sum, sum of magnitudes) in float64: cheap, and two outputs within tolerance have close ones."""
+    if out is None:
+        return (0.0, 0.0)
+    wide = out.detach().reshape(-1).to(torch.float64)
+    return float(wide.sum()), float(wide.abs().sum())
 
 
 def keep(out: object) -> list[torch.Tensor | None]:
@@ -57,7 +79,7 @@ def keep(out: object) -> list[torch.Tensor | None]:
     return [o.detach().clone() if isinstance(o, torch.Tensor) else None for o in outs]
 
 
-def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float]],
+def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
                device: str, replay: Callable[[], object] | None = None) -> Block:
     """Time one call per (base set, scale) in `schedule`, keeping a copy of every call's outputs.
 
@@ -66,8 +88,8 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
     if device == "cuda":
         return _time_cuda(model, rotation, schedule, replay)
     block = Block()
-    for k, scale in schedule:
-        inputs = rotation.fill(k, scale)
+    for k, scale, seed in schedule:
+        inputs = rotation.fill(k, scale, seed)
         start = _perf_counter_ns()
         out = model(*inputs)
         elapsed = (_perf_counter_ns() - start) / 1e6
@@ -82,18 +104,18 @@ def warm_up(model: Callable[..., object], rotation: Rotation, count: int, second
     deadline = _perf_counter_ns() + int(seconds * 1e9)
     done = 0
     while done < count and _perf_counter_ns() < deadline:
-        model(*rotation.fill(done % len(rotation.bases), 1.0))
+        model(*rotation.fill(done % len(rotation.bases), 1.0, done))
         _sync(device)
         done += 1
     return done
 
 
-def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float]],
+def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
                call: Callable[[], object] | None) -> Block:
     block = Block()
     flush = l2_flush_buffer()
-    for k, scale in schedule:
-        inputs = rotation.fill(k, scale)
+    for k, scale, seed in schedule:
+        inputs = rotation.fill(k, scale, seed)
         flush.zero_()
         reset_persisting_l2()
         torch.cuda.synchronize()  # the whole device, so no work of the previous call leaks in

@@ -121,7 +121,7 @@ class Worker:
             block = timing.time_block(self.model, self.rotation, req.schedule, self.device, self.replay)
         self.kept = block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
-                           graph_error=self.graph_error)
+                           fingerprints=block.fingerprints(), graph_error=self.graph_error)
 
     def op_dump(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the seed corpus end to end. Run from the repo root on the GPU machine:
-#   bash scripts/gpu_session.sh tests|corpus
+# One device call. Run from the repo root on the GPU machine:
+#   bash scripts/gpu_session.sh tests [pytest args]   GPU-marked tests (default: tests/test_gpu.py tests/test_trust_gpu.py)
+#   bash scripts/gpu_session.sh bench                 bench/timing_fidelity.py, its table into docs/benchmarks.md
+#   bash scripts/gpu_session.sh corpus [kbeval args]  the seed corpus end to end (RUN_ID names the run)
 # Results land in $OUT (a tarball of the run folder, the logs of each step).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -11,7 +13,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/gpu.txt"
 case "${1:-tests}" in
   tests)
-    python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" ;;
+    targets=("${@:2}"); [ ${#targets[@]} -eq 0 ] && targets=(tests/test_gpu.py tests/test_trust_gpu.py)
+    python3 -m pytest -q -m gpu -rA "${targets[@]}" > "$OUT/pytest_gpu.log" 2>&1; tail -60 "$OUT/pytest_gpu.log" ;;
+  bench)
+    python3 bench/timing_fidelity.py "${@:2}" 2>&1 | tee "$OUT/bench.log"
+    cp docs/benchmarks.md "$OUT/" ;;
   corpus)
     run_id=${RUN_ID:-seed-h100}
     start=$(date +%s)

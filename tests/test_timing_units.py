@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.check import degenerate_outputs
+from kernelbench_eval.check import compare_fingerprints, degenerate_outputs, same_fingerprint
 from kernelbench_eval.measure import Lane, block_calls
 from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
 from kernelbench_eval.plausibility import judge, speedup_reason
@@ -54,6 +54,7 @@ def test_fast_p_counts_correct_candidates_by_the_interval_low_end():
 def lane(event: list[float], device: list[float] | None = None, wall_per_call: float | None = None) -> Lane:
     result = Lane(worker=None, event_ms=event, device_ms=device or list(event))  # type: ignore[arg-type]
     result.wall_ms = (wall_per_call or statistics.fmean(result.device_ms) + 0.05) * len(event)
+    result.block_gaps = [result.wall_per_call() - statistics.fmean(result.device_ms)] * 5
     return result
 
 
@@ -92,20 +93,41 @@ def test_degenerate_problem_is_flagged_with_its_statistics():
 
 
 def test_rotation_gives_every_call_new_values_and_keeps_private_copies():
-    bases = [[torch.ones(4), torch.arange(4)], [torch.full((4,), 2.0), torch.arange(4) + 1]]
+    bases = [[torch.ones(256), torch.arange(4)], [torch.full((256,), 2.0), torch.arange(4) + 1]]
     rotation = Rotation(bases)
     seen: list[torch.Tensor] = []
 
     def model(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         seen.append(x.clone())
-        return x + idx  # a model might return a buffer it reuses: kept copies must not alias it
+        return x * 1  # kept copies must not alias a buffer the model reuses
 
-    block = time_block(model, rotation, [(0, 0.5), (1, 1.5), (0, 1.25)], "cpu")
-    assert [float(s[0]) for s in seen] == [0.5, 3.0, 1.25]
-    assert float(rotation.live[1][0]) == 0  # integer inputs are copied, not scaled
-    assert [float(k[0][0]) for k in block.kept] == [0.5, 4.0, 1.25]
+    block = time_block(model, rotation, [(0, 0.5, 1), (1, 1.5, 2), (0, 0.5, 3)], "cpu")
+    for got, base, scale in zip(seen, (1.0, 2.0, 1.0), (0.5, 1.5, 0.5), strict=True):
+        ratio = got / (base * scale)
+        assert ratio.min() >= 0.95 - 1e-6 and ratio.max() <= 1.05 + 1e-6 and ratio.std() > 0.01
+    assert not torch.equal(seen[0], seen[2])  # same base, same scale, new factors: never the same input twice
+    assert torch.equal(Rotation(bases).fill(0, 0.5, 1)[0], seen[0])  # reproducible for the reference
+    assert torch.equal(rotation.live[1], torch.arange(4))  # integer inputs are copied, not scaled
+    assert [torch.equal(k[0], s) for k, s in zip(block.kept, seen, strict=True)] == [True] * 3
+    assert block.fingerprints()[1][0] == pytest.approx((float(seen[1].sum()), float(seen[1].abs().sum())))
     assert len(block.event_ms) == 3 and all(t >= 0 for t in block.event_ms)
     assert keep((torch.ones(1), 3))[1] is None
+
+
+def test_fingerprints_pass_honest_outputs_and_catch_garbage():
+    ref = torch.randn(1000, dtype=torch.float64)
+    honest = ref + 0.009 * torch.rand(1000, dtype=torch.float64)  # within atol=rtol=0.01
+    stale = ref.roll(1) * 1.1
+
+    def fp(t: torch.Tensor) -> list[list[tuple[float, float]]]:
+        return [[(float(t.sum()), float(t.abs().sum()))]]
+
+    assert compare_fingerprints(fp(ref), fp(honest), [1000], 0.01, 0.01) is None
+    assert "timed call 0" in compare_fingerprints(fp(ref), fp(stale), [1000], 0.01, 0.01)
+    assert compare_fingerprints(fp(ref), fp(torch.zeros(1000)), [1000], 0.01, 0.01)
+    nan_ref = [[(float("nan"), float("nan"))]]
+    assert compare_fingerprints(nan_ref, fp(honest), [1000], 0.01, 0.01) is None  # left to the full check
+    assert same_fingerprint((1.0, 2.0), (1.0 + 1e-9, 2.0)) and not same_fingerprint((1.0, 2.0), (1.1, 2.0))
 
 
 def test_block_size_respects_the_kept_output_budget():

@@ -7,7 +7,7 @@ import torch
 
 from kernelbench_eval.check import compare_outputs
 from kernelbench_eval.discover import declared_devices, discover, source_problem
-from kernelbench_eval.models import RunSettings, TensorMeta, TimingStats, Verdict
+from kernelbench_eval.models import RunManifest, RunSettings, TensorMeta, TimingStats, Verdict
 from kernelbench_eval.record import RunRecorder, format_runtime
 
 
@@ -135,7 +135,10 @@ def test_recorder_notices_and_undoes_changes_it_did_not_make(tmp_path):
     recorder.verdicts_path.write_bytes(ours.replace(b'"correct":false', b'"correct":true '))  # same size
     assert recorder.tampered() and recorder.verdicts_path.read_bytes() == ours
     (tmp_path / "p" / "a.txt").write_text("Evaluation: True\nRuntime: 0.001\n")
-    assert not recorder.finalize()
+    manifest = RunManifest(run_id="r", settings=RunSettings(device="cpu"), problems_dir="p", candidates_dir="c",
+                           torch_version="t", created_at="now")
+    recorder.write_manifest(manifest)
+    assert not recorder.finalize(manifest)
     assert (tmp_path / "p" / "a.txt").read_text() == "Evaluation: False\nRuntime: -1.0\n"
 
 

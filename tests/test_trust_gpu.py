@@ -1,0 +1,99 @@
+"""Adversarial CUDA candidates (skipped where torch sees no GPU): side streams, faults, hangs, forged timers.
+
+One real run over `fixtures/attack_problems_gpu` and `fixtures/attacks_gpu`. `tiny_relu_cuda_after` is the same
+problem under a later id, so its candidate (`honest_cuda2`) is judged after every `tiny_relu_cuda` candidate,
+`spin_kernel`'s killed kernel included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FIXTURES, kbeval
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+EXPECTED = {
+    ("tiny_relu_cuda", "honest_cuda"): "ok",
+    ("tiny_relu_cuda", "empty_cuda"): "incorrect",
+    ("tiny_relu_cuda", "illegal_access"): "runtime_error",
+    ("tiny_relu_cuda", "cuda_oom"): "runtime_error",
+    ("tiny_relu_cuda", "spin_kernel"): "timeout",
+    ("tiny_relu_cuda", "silent_launch_failure"): "incorrect",
+    ("tiny_relu_cuda", "patched_events"): "suspicious",
+    ("tiny_relu_cuda_after", "honest_cuda2"): "ok",
+}
+SIDE_STREAM = ("tiny_relu_cuda", "side_stream")  # suspicious, or timed at the honest kernel's speed
+
+
+@pytest.fixture(scope="module")
+def gpu_attack_run(tmp_path_factory: pytest.TempPathFactory,
+                   build_cache: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("trust-gpu")
+    proc = kbeval("run", "--device", "cuda", "--problems", str(FIXTURES / "attack_problems_gpu"),
+                  "--candidates", str(FIXTURES / "attacks_gpu"), "--trials", "3", "--timeout", "60", "--jobs", "16",
+                  "--out", str(out), "--run-id", "gpu-attacks", cache=build_cache, check=False)
+    return out / "gpu-attacks", proc
+
+
+def lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "verdicts.jsonl").read_text().splitlines() if line.strip()]
+
+
+def by_pair(run_dir: Path) -> dict[tuple[str, str], dict]:
+    return {(v["problem"], v["candidate"]): v for v in lines(run_dir)}
+
+
+def test_run_completes_with_one_verdict_each(gpu_attack_run):
+    run_dir, proc = gpu_attack_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pairs = sorted((v["problem"], v["candidate"]) for v in lines(run_dir))
+    assert pairs == sorted([*EXPECTED, SIDE_STREAM])
+
+
+def test_every_attack_gets_its_status(gpu_attack_run):
+    verdicts = by_pair(gpu_attack_run[0])
+    got = {pair: v["status"] for pair, v in verdicts.items() if pair != SIDE_STREAM}
+    errors = {f"{p}/{c}": v["error"] for (p, c), v in verdicts.items() if (p, c) in EXPECTED
+              and v["status"] != EXPECTED[(p, c)]}
+    assert got == EXPECTED, errors
+
+
+def test_side_stream_work_is_not_free(gpu_attack_run):
+    verdicts = by_pair(gpu_attack_run[0])
+    side, honest = verdicts[SIDE_STREAM], verdicts[("tiny_relu_cuda", "honest_cuda")]
+    assert honest["status"] == "ok"
+    if side["status"] == "suspicious":
+        assert re.search(r"stream|after the call", side["error"] or "", re.IGNORECASE), side["error"]
+    else:
+        assert side["status"] == "ok", (side["status"], side["error"])
+        assert side["runtime_ms"] >= 0.8 * honest["runtime_ms"], (side["runtime_ms"], honest["runtime_ms"])
+
+
+def test_faults_are_named(gpu_attack_run):
+    verdicts = by_pair(gpu_attack_run[0])
+    error = {c: v["error"] or "" for (_, c), v in verdicts.items()}
+    assert re.search(r"illegal memory access|CUDA error", error["illegal_access"]), error["illegal_access"]
+    assert "out of memory" in error["cuda_oom"].lower(), error["cuda_oom"]
+    assert re.search(r"clock|event", error["patched_events"], re.IGNORECASE), error["patched_events"]
+    assert "60 s" in error["spin_kernel"] or "limit" in error["spin_kernel"], error["spin_kernel"]
+
+
+def test_gpu_works_after_a_killed_kernel(gpu_attack_run):
+    order = [(v["problem"], v["candidate"]) for v in lines(gpu_attack_run[0])]
+    assert order.index(("tiny_relu_cuda", "spin_kernel")) < order.index(("tiny_relu_cuda_after", "honest_cuda2"))
+    after = by_pair(gpu_attack_run[0])[("tiny_relu_cuda_after", "honest_cuda2")]
+    assert after["status"] == "ok" and after["runtime_ms"] > 0, (after["status"], after["error"])
+
+
+def test_honest_kernels_are_not_flagged(gpu_attack_run):
+    verdicts = by_pair(gpu_attack_run[0])
+    for pair in (("tiny_relu_cuda", "honest_cuda"), ("tiny_relu_cuda_after", "honest_cuda2")):
+        v = verdicts[pair]
+        assert v["status"] == "ok" and v["error"] is None and v["correct"], (pair, v["status"], v["error"])
+        assert v["max_abs_diff"] == 0.0  # relu is exact
