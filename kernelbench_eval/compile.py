@@ -7,6 +7,7 @@ candidate is never rebuilt, and two candidates never share (or clobber) a build.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import tempfile
 import time
@@ -43,8 +44,19 @@ def extension_env(build: Path) -> dict[str, str]:
 def compile_candidate(
     candidate: Candidate, device: str, cache_dir: Path, log_path: Path, timeout: float
 ) -> Compiled:
-    """Import the candidate once in isolation, unless this exact source already built on this setup."""
+    """Import the candidate once in isolation, unless this exact source already built on this setup.
+
+    An exclusive lock per build directory makes identical sources (in this run or in another run sharing
+    the cache) build once: the second waits, then finds the record.
+    """
     build = build_dir(cache_dir, candidate, device)
+    build.parent.mkdir(parents=True, exist_ok=True)
+    with open(build.with_name(build.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _compile_locked(candidate, build, log_path, timeout)
+
+
+def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> Compiled:
     record_path = build / RECORD_NAME
     if record_path.exists():
         record = CompileRecord.model_validate_json(record_path.read_text())

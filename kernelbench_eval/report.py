@@ -65,9 +65,12 @@ def fast_p_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     not suspicious, and faster than the baseline by more than p at the low end of the 95 % interval."""
     rows = []
     groups = sorted({v.problem for v in verdicts})
+    baselines = [("eager", "speedup_vs_eager_ci")]
+    if any(v.compile_runtime_ms is not None for v in verdicts):  # a run without a compile baseline has no row
+        baselines.append(("compile", "speedup_vs_compile_ci"))
     for problem in [*groups, "all"]:
         group = [v for v in verdicts if problem in ("all", v.problem)]
-        for baseline, field in (("eager", "speedup_vs_eager_ci"), ("compile", "speedup_vs_compile_ci")):
+        for baseline, field in baselines:
             entries = [(v.status == "ok", (getattr(v, field) or (None,))[0]) for v in group]
             row: dict[str, object] = {"problem": problem, "baseline": baseline, "candidates": len(group)}
             row.update({f"fast_{p:g}": fast_p(entries, p) for p in FAST_P})

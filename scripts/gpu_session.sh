@@ -21,7 +21,8 @@ case "${1:-tests}" in
   corpus)
     run_id=${RUN_ID:-seed-h100}
     start=$(date +%s)
-    python3 -m kernelbench_eval run --device cuda --out "$OUT/results" --run-id "$run_id" --jobs 16 "${@:2}" \
+    timeout "${KB_LIMIT:-86400}" python3 -m kernelbench_eval run --device cuda --out "$OUT/results" --run-id "$run_id" \
+      --jobs 16 "${@:2}" \
       2>&1 | tee "$OUT/run.log"
     echo "wall seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/run.log"
     tar czf "$OUT/results.tgz" -C "$OUT/results" "$run_id" && rm -rf "$OUT/results" ;;

@@ -182,7 +182,8 @@ def test_fast_p_per_problem_and_overall() -> None:
                 verdict("a", "z", "incorrect"),
                 verdict("b", "w", "suspicious", 30.0, speedup_vs_eager_ci=(25.0, 35.0)),
                 verdict("b", "v", "ok", 1.6, speedup_vs_eager_ci=(1.55, 1.65), speedup_vs_compile=1.1,
-                        speedup_vs_compile_ci=(1.05, 1.15))]
+                        speedup_vs_compile_ci=(1.05, 1.15), compile_runtime_ms=2.2)]
+    assert set(fast_p_frame(verdicts[:3])["baseline"]) == {"eager"}  # no compile baseline measured: no rows
     df = fast_p_frame(verdicts).set_index(["problem", "baseline"])
     assert df.loc[("a", "eager"), "fast_0"] == pytest.approx(2 / 3)
     assert df.loc[("a", "eager"), "fast_1"] == pytest.approx(1 / 3)  # y's interval reaches below 1

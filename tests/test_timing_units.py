@@ -69,6 +69,10 @@ def test_plausibility_catches_a_slowed_clock():
     cand = lane([0.1] * 100, wall_per_call=2.05)  # reports 0.1 ms, yet each call held the harness 2 ms
     verdict = judge(ref, cand, "cpu", None)
     assert not verdict.speedup_trusted and "clock mismatch" in verdict.reasons[0]
+    short = judge(lane([0.05] * 100, wall_per_call=0.1), lane([0.002] * 100, wall_per_call=0.1), "cpu", None)
+    assert "clock mismatch" in short.reasons[0]  # 48 us unexplained on a 2 us claim: not noise
+    noisy_honest = judge(lane([0.03] * 100, wall_per_call=0.08), lane([0.03] * 100, wall_per_call=0.15), "cpu", None)
+    assert noisy_honest.reasons == []  # 70 us of host noise on a 30 us kernel is forgiven
 
 
 def test_plausibility_times_side_stream_work_device_wide():
