@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
+from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 
 EXPECTED = {
     "cpp_honest": "ok",
@@ -117,6 +117,7 @@ def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
     """A second run of unchanged sources recompiles nothing: same .so files, untouched, and marked cached."""
     cold = read_verdicts(fixture_run[0])
     libs = {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")}
+    baselines_mtime = BASELINES.stat().st_mtime_ns
     assert len(libs) == 5  # honest, wrong, runtime error, hang, segfault
     kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(tmp_path), "--run-id", "warm", cache=build_cache)
     warm = read_verdicts(tmp_path / "warm")
@@ -126,6 +127,9 @@ def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
             assert v["compile_cached"], name
     assert {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")} == libs
     assert warm["cpp_honest"]["compile_seconds"] < 1.0 < cold["cpp_honest"]["compile_seconds"]
+    # the torch.compile baseline was measured once (cold run) and reused: same numbers, file untouched
+    assert warm["cpp_honest"]["compile_runtime_ms"] == cold["cpp_honest"]["compile_runtime_ms"] > 0
+    assert json.loads(BASELINES.read_text()) and BASELINES.stat().st_mtime_ns == baselines_mtime
 
 
 def test_resume_judges_only_what_is_missing(fixture_run, build_cache, tmp_path):
@@ -206,3 +210,24 @@ def _workers_of(cache: Path) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_a_compile_that_never_ends_is_a_compile_error(build_cache, tmp_path):
+    hang = tmp_path / "compile_hang.py"
+    hang.write_text("while True:  # stands for a build that never finishes\n    pass\n")
+    proc = kbeval("eval", str(FIXTURES / "problems" / "tiny_linear_relu.py"), str(hang), "--device", "cpu",
+                  "--compile-timeout", "5", "--out", str(tmp_path / "out"), "--json", cache=build_cache)
+    verdict = json.loads(proc.stdout)
+    assert verdict["status"] == "compile_error" and "5 s limit" in verdict["error"]
+
+
+def test_candidate_output_is_capped_in_its_log(tmp_path, monkeypatch):
+    import io
+
+    from kernelbench_eval import process
+
+    monkeypatch.setattr(process, "LOG_CAP_BYTES", 1000)
+    log = tmp_path / "x.log"
+    process._copy_capped(io.BufferedReader(io.BytesIO(b"Evaluation: True\n" * 10_000)), log)
+    text = log.read_text()
+    assert len(text) < 1200 and "log capped at 1000 bytes" in text
