@@ -184,6 +184,7 @@ class Verdict(BaseModel):
     ref_runtime_stats: TimingStats | None = None
     timing: Timing | None = None
     problem_warning: str | None = None
+    duplicate_of: str | None = None  # same bytes as this candidate of the same problem: judged once, reused
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
     trials: int = 0

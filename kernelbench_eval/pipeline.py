@@ -126,9 +126,24 @@ class _Session:
         self.store = BaselineStore(opts.baselines_path())
         self.warnings: list[str] = []
         self.compiles = _CompileActivity()
+        self.judged: dict[tuple[str, str], Verdict] = {}
 
     def judge(self, todo: list[Candidate]) -> None:
-        runnable = [c for c in todo if not self._judged_statically(c)]
+        runnable, copies = _first_of_each_source([c for c in todo if not self._judged_statically(c)])
+        self._judge_runnable(runnable)
+        for copy, original in copies:  # identical bytes for the same problem: judged once, verdict reused
+            self._record_copy(copy, original)
+
+    def _record_copy(self, copy: Candidate, original: Candidate) -> None:
+        verdict = self.judged.get((original.problem_id, original.candidate_id))
+        if verdict is None:
+            return  # the original was not judged (the run stopped): the copy is judged on resume
+        fields = verdict.model_dump(exclude={"run_id", "problem", "candidate", "source_sha256", "settings_key",
+                                             "device", "torch_version", "trials", "log", "wall_seconds",
+                                             "finished_at", "duplicate_of"})
+        self._record(copy, 0.0, duplicate_of=original.candidate_id, **fields)
+
+    def _judge_runnable(self, runnable: list[Candidate]) -> None:
         jobs = max(1, self.opts.jobs)
         os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // jobs)))  # ninja inside each build
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -228,7 +243,21 @@ class _Session:
             **fields,
         )
         self.recorder.append(verdict)
+        self.judged[(verdict.problem, verdict.candidate)] = verdict
         self.listen(verdict)
+
+
+def _first_of_each_source(candidates: list[Candidate]) -> tuple[list[Candidate], list[tuple[Candidate, Candidate]]]:
+    """The candidates to judge, and (copy, original) for each later one with the same bytes and problem."""
+    first: dict[tuple[str, str], Candidate] = {}
+    copies = []
+    for cand in candidates:
+        key = (cand.problem_id, cand.source_sha256)
+        if key in first:
+            copies.append((cand, first[key]))
+        else:
+            first[key] = cand
+    return list(first.values()), copies
 
 
 class _CompileActivity:

@@ -231,3 +231,20 @@ def test_candidate_output_is_capped_in_its_log(tmp_path, monkeypatch):
     process._copy_capped(io.BufferedReader(io.BytesIO(b"Evaluation: True\n" * 10_000)), log)
     text = log.read_text()
     assert len(text) < 1200 and "log capped at 1000 bytes" in text
+
+
+def test_identical_sources_are_judged_once(build_cache, tmp_path):
+    cands = tmp_path / "candidates" / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    source = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"
+    for name in ("a_original.py", "b_copy.py"):
+        shutil.copyfile(source, cands / name)
+    kbeval("run", "--device", "cpu", "--problems", str(FIXTURES / "problems"),
+           "--candidates", str(tmp_path / "candidates"), "--trials", "1", "--no-compile-baseline",
+           "--out", str(tmp_path / "out"), "--run-id", "dedupe", cache=build_cache)
+    verdicts = read_verdicts(tmp_path / "out" / "dedupe")
+    original, copy = verdicts["a_original"], verdicts["b_copy"]
+    assert original["status"] == copy["status"] == "ok" and copy["duplicate_of"] == "a_original"
+    assert copy["runtime_ms"] == original["runtime_ms"] and original["duplicate_of"] is None
+    logs = tmp_path / "out" / "dedupe" / "logs" / "tiny_linear_relu"
+    assert (logs / "a_original.eval.log").exists() and not list(logs.glob("b_copy.*"))
