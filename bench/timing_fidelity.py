@@ -783,11 +783,11 @@ def section(results: list[Result], meta: dict[str, Any]) -> str:
     ]).rstrip() + "\n"
 
 
-def update_doc(path: Path, text: str) -> None:
-    """Replace the `## Timing fidelity` section (up to the next level-2 heading), or append it."""
+def update_doc(path: Path, text: str, section: str = SECTION) -> None:
+    """Replace the `section` heading's section (up to the next level-2 heading), or append it."""
     old = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = old.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == section), None)
     if start is None:
         new = old.rstrip("\n") + "\n\n" + text
     else:

@@ -8,7 +8,10 @@ later run with the same key. Several runs may share the file: updates merge unde
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kernelbench_eval.models import Baseline
@@ -33,6 +36,19 @@ class BaselineStore:
         if entry:
             self._mine[key] = entry
         return baseline
+
+    @contextmanager
+    def claim(self, key: str) -> Iterator[None]:
+        """Held while one baseline is measured, so that it is measured once by all who want it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tag = hashlib.sha256(key.encode()).hexdigest()[:16]
+        with open(self.path.with_name(f".{self.path.name}.{tag}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def adopt(self, key: str) -> None:
+        """Count an entry another process of this run wrote (a lane) as this run's, so `repair` keeps it."""
+        self.get(key)
 
     def put(self, baseline: Baseline) -> None:
         self._mine[baseline.key()] = baseline.model_dump(mode="json")

@@ -55,6 +55,13 @@ BaselinesOpt = Annotated[Path | None, typer.Option(
 DimOpt = Annotated[list[str] | None, typer.Option(
     "--dim", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable)")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
+GpusOpt = Annotated[str | None, typer.Option(
+    "--gpus", help="GPUs to evaluate on, one lane each, e.g. 0,1 (default: all visible)")]
+LanesOpt = Annotated[int | None, typer.Option(
+    "--lanes", help="evaluation lanes, at most (CPU: this many; Ray: default one per GPU of the cluster)")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="local, or ray (pip install kernelbench-eval[ray])")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--address", help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray instance")]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
 
@@ -133,6 +140,10 @@ def run_cmd(
     threads: ThreadsOpt = None,
     cache_dir: CacheOpt = None,
     baselines: BaselinesOpt = None,
+    gpus: GpusOpt = None,
+    lanes: LanesOpt = None,
+    backend: BackendOpt = "local",
+    address: RayAddressOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
     settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
@@ -141,11 +152,17 @@ def run_cmd(
                          max_speedup=max_speedup)
     opts = RunOptions(problems_dir=problems, candidates_dir=candidates, results_dir=out, settings=settings,
                       run_id=run_id, resume=resume, jobs=jobs, timeout=timeout, compile_timeout=compile_timeout,
-                      cache_dir=cache_dir or default_cache_dir(), only=problem, baselines=baselines)
+                      cache_dir=cache_dir or default_cache_dir(), only=problem, baselines=baselines,
+                      gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None, lanes=lanes,
+                      backend=backend, ray_address=address)
     try:
         total = len(discover(problems, candidates, problem).candidates)
         result = _run_with_progress(opts, total)
-    except (FileNotFoundError, FileExistsError) as exc:
+    except ImportError as exc:
+        err.print(f"[red]error:[/] --backend {backend} needs its extra: pip install 'kernelbench-eval[{backend}]' "
+                  f"({exc})")
+        raise typer.Exit(2) from exc
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     for warning in result.warnings:
@@ -198,7 +215,7 @@ def eval_cmd(
     results_dir = out or Path(tempfile.mkdtemp(prefix="kbeval-eval-"))
     opts = RunOptions(problems_dir=problem_file.parent, candidates_dir=candidate_file.parent,
                       results_dir=results_dir, settings=settings, jobs=1, timeout=timeout,
-                      compile_timeout=compile_timeout, cache_dir=cache,
+                      compile_timeout=compile_timeout, cache_dir=cache, lanes=1,
                       baselines=baselines or (None if out else cache / "baselines.json"),
                       run_id=f"eval-{datetime.now():%Y%m%d-%H%M%S}-{candidate_file.stem}")
     result = run(opts, found=found)

@@ -110,10 +110,12 @@ class ProblemSession:
     timeout: float
     compile_timeout: float
     store: BaselineStore
+    env: dict[str, str] = field(default_factory=dict)  # the lane's: CUDA_VISIBLE_DEVICES names its GPU
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kbeval-ref-")))
     outputs: list[list[torch.Tensor]] = field(default_factory=list)
     metas: list[list[TensorMeta]] = field(default_factory=list)
     baseline: Baseline | None = None
+    baseline_key: str | None = None
     device_name: str | None = None
     input_bytes: int = 0
     bandwidth_gbs: float | None = None
@@ -129,7 +131,8 @@ class ProblemSession:
         """Inputs, expected outputs and baselines; on failure `error` says why and candidates are skipped."""
         deadline = Deadline(self.timeout)
         try:
-            self.worker = self._stack.enter_context(WorkerProcess(self.workdir, self.log, time_limit=self.timeout))
+            self.worker = self._stack.enter_context(WorkerProcess(self.workdir, self.log, self.env,
+                                                                              time_limit=self.timeout))
             prepared = _ok(self.worker.request(self._prepare_request(), deadline.left()))
             self.input_bytes = prepared.input_bytes
             loaded = _ok(self.worker.request(self._load_request("Model", self.problem.path, self.workdir),
@@ -182,11 +185,12 @@ class ProblemSession:
         """From `baselines.json` when this machine measured it before, else measured (and stored) now."""
         if not self.settings.compile_baseline:
             return None
-        key = baseline_key(self.problem.source_sha256, self.device_name or "", torch.__version__,
-                           self.settings.timing_key())
-        cached = self.store.get(key)
-        if cached:
-            return cached
+        key = self.baseline_key = baseline_key(self.problem.source_sha256, self.device_name or "",
+                                               torch.__version__, self.settings.timing_key())
+        with self.store.claim(key):  # another lane (or run) measuring it now: wait, then reuse its numbers
+            return self.store.get(key) or self._measure_baseline()
+
+    def _measure_baseline(self) -> Baseline:
         eager = self._measure_alone(self.worker, Deadline(self.timeout))
         baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
                             device_name=self.device_name or "", torch_version=torch.__version__,
@@ -204,7 +208,7 @@ class ProblemSession:
     def _measure_compiled(self, baseline: Baseline) -> None:
         deadline = Deadline(self.compile_timeout)
         try:
-            with WorkerProcess(self.workdir, self.log, time_limit=self.compile_timeout) as worker:
+            with WorkerProcess(self.workdir, self.log, self.env, time_limit=self.compile_timeout) as worker:
                 _ok(worker.request(self._load_request("Model", self.problem.path, self.workdir, COMPILE_MODE),
                                    deadline.left()))
                 samples = self._measure_alone(worker, deadline)
@@ -226,7 +230,7 @@ class ProblemSession:
                 shutil.copyfile(self.workdir / name, workdir / name)
             stage = "loading"
             try:
-                env = extension_env(compiled.build_dir)
+                env = self.env | extension_env(compiled.build_dir)
                 if self.settings.device == "cuda":
                     env["CUDA_LAUNCH_BLOCKING"] = "1"  # a faulting kernel is reported at its own launch
                 with WorkerProcess(workdir, log, env, time_limit=timeout) as worker:
@@ -237,7 +241,8 @@ class ProblemSession:
                         if not self._check_trial(worker, workdir, trial, outcome, deadline):
                             return outcome
                 stage = "timing"
-                with WorkerProcess(workdir, log, extension_env(compiled.build_dir), time_limit=timeout) as worker:
+                env = self.env | extension_env(compiled.build_dir)
+                with WorkerProcess(workdir, log, env, time_limit=timeout) as worker:
                     if not self._load_candidate(worker, path, workdir, outcome, deadline):
                         return outcome
                     self._time(worker, workdir, outcome, deadline)
@@ -320,14 +325,15 @@ class ProblemSession:
                 self._check_timed_call(ref, cand, workdir, (block, call), outcome, deadline)
                 checked.append(block)
 
-        clocks = [sm_clock_mhz()] if self.settings.device == "cuda" else []
+        gpu = self.env.get("CUDA_VISIBLE_DEVICES")
+        clocks = [sm_clock_mhz(gpu)] if self.settings.device == "cuda" else []
         started = time.monotonic()
         result = measure([ref, cand], self.timing_files(), self.settings, deadline, block_calls(self.output_bytes()),
                          check)
         check(result.blocks, result.last_schedule, always=True)
         if outcome.status != "ok":
             return
-        clocks += [sm_clock_mhz()] if clocks else []
+        clocks += [sm_clock_mhz(gpu)] if clocks else []
         self._record_timing(ref, cand, result.blocks, len(checked), clocks, time.monotonic() - started, outcome)
 
     def _check_timed_call(self, ref: Lane, cand: Lane, workdir: Path, where: tuple[int, int], outcome: Outcome,

@@ -148,10 +148,11 @@ def process_cpu_ms(worker: WorkerProcess) -> float:
         return 0.0
 
 
-def sm_clock_mhz() -> int | None:
-    """The GPU's current SM clock from nvidia-smi, read by the harness (a candidate cannot fake it)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    index = visible if visible.isdigit() else "0"
+def sm_clock_mhz(gpu: str | None = None) -> int | None:
+    """The SM clock of `gpu` (an index or UUID, as in CUDA_VISIBLE_DEVICES) from nvidia-smi, read by the
+    harness (a candidate cannot fake it)."""
+    visible = gpu or os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+    index = visible.split(",")[0].strip() or "0"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", index],
                              capture_output=True, text=True, timeout=10).stdout

@@ -152,6 +152,7 @@ class RunManifest(BaseModel):
     settings: RunSettings
     problems_dir: str
     candidates_dir: str
+    only: list[str] | None = None  # `--problem` filter: a resume judges the same problems
     torch_version: str
     created_at: str
 
@@ -184,6 +185,7 @@ class Verdict(BaseModel):
     ref_runtime_stats: TimingStats | None = None
     timing: Timing | None = None
     problem_warning: str | None = None
+    lane: str | None = None  # the evaluation lane (GPU) that judged it: "cuda:1", "cpu:0"
     duplicate_of: str | None = None  # same bytes as this candidate of the same problem: judged once, reused
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None

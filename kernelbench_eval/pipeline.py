@@ -1,8 +1,10 @@
 """The run, top to bottom: discover -> compile (parallel, cached) -> check -> time -> record.
 
-Compiles run `jobs` wide in background threads (each one a separate process); evaluations run one at a
-time, problem by problem, as soon as a candidate's compile is done. On the CPU, evaluation waits for all
-compiles, since compilers and a CPU timer would fight for the same cores.
+Compiles run `jobs` wide (each one a separate process); each evaluation lane (one per GPU) judges one
+candidate at a time, taking the next one the moment its compile is done (`schedule`). On the CPU,
+evaluation waits for all compiles, since compilers and a CPU timer would fight for the same cores. The
+backend decides where compiles and lanes run: here (`lanes.LocalBackend`) or on a Ray cluster
+(`ray_backend`); verdicts are recorded here, as they arrive, either way.
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from kernelbench_eval import schedule
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import Compiled, compile_candidate
+from kernelbench_eval.compile import Compiled
 from kernelbench_eval.discover import Candidate, Discovery, discover
-from kernelbench_eval.evaluate import Outcome, ProblemSession, Secrets
+from kernelbench_eval.lanes import LaneConfig, LaneHandle, LocalBackend
 from kernelbench_eval.models import RunManifest, RunSettings, Verdict
+from kernelbench_eval.process import keep_memory_private
 from kernelbench_eval.record import RunRecorder
 
 
@@ -41,6 +46,10 @@ class RunOptions:
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     only: list[str] | None = None
     baselines: Path | None = None  # default: <results_dir>/baselines.json
+    gpus: list[str] | None = None  # one evaluation lane each (CUDA_VISIBLE_DEVICES values); default: all visible
+    lanes: int | None = None  # at most this many lanes (on the CPU: this many CPU lanes)
+    backend: str = "local"  # or "ray"
+    ray_address: str | None = None  # an existing cluster; default: a local Ray instance
 
     def baselines_path(self) -> Path:
         if self.baselines:
@@ -88,6 +97,7 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
         settings=opts.settings,
         problems_dir=str(opts.problems_dir),
         candidates_dir=str(opts.candidates_dir),
+        only=opts.only,
         torch_version=torch.__version__,
         created_at=_now(),
     )
@@ -98,15 +108,20 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
 
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
-    _keep_memory_private()
-    recorder, manifest = open_run(opts)
-    found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir), opts.only)
-    previous = recorder.load()
-    done = {(v.problem, v.candidate, v.source_sha256, v.settings_key) for v in previous}
-    key = manifest.settings.key()
-    todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
-    session = _Session(opts, recorder, manifest, found, listen)
-    session.judge(todo)
+    keep_memory_private()
+    backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
+    try:
+        recorder, manifest = open_run(opts)
+        found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir),
+                                  opts.only or manifest.only)
+        previous = recorder.load()
+        done = {(v.problem, v.candidate, v.source_sha256, v.settings_key) for v in previous}
+        key = manifest.settings.key()
+        todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
+        session = _Session(opts, recorder, manifest, found, listen, backend)
+        session.judge(todo)
+    finally:
+        backend.close()
     if recorder.finalize(manifest):
         session.warnings.append(f"{recorder.run_dir} was altered after the last verdict; restored")
     if session.store.repair():
@@ -115,17 +130,45 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
                      reused=len(found.candidates) - len(todo))
 
 
+def _backend(opts: RunOptions) -> Backend:
+    if opts.backend == "local":
+        return LocalBackend()
+    if opts.backend == "ray":
+        from kernelbench_eval.ray_backend import RayBackend  # optional: `pip install kernelbench-eval[ray]`
+
+        return RayBackend(opts.ray_address)
+    raise ValueError(f"unknown backend {opts.backend!r} (local or ray)")
+
+
+class Backend(Protocol):
+    name: str
+
+    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled: ...
+
+    def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Built:
+    compiled: Compiled
+    seconds: float  # this run's compile wall time
+    base: dict  # the verdict fields the compile settles
+
+
 class _Session:
     """One pass over the candidates still to judge; every verdict is recorded the moment it exists."""
 
     def __init__(self, opts: RunOptions, recorder: RunRecorder, manifest: RunManifest,
-                 found: Discovery, listen: Listener) -> None:
+                 found: Discovery, listen: Listener, backend: Backend) -> None:
         self.opts, self.recorder, self.manifest, self.found, self.listen = opts, recorder, manifest, found, listen
         self.device = manifest.settings.device
-        self.seeds = Secrets.draw(manifest.settings.trials)  # this process's own: a resumed run draws anew
         self.store = BaselineStore(opts.baselines_path())
         self.warnings: list[str] = []
-        self.compiles = _CompileActivity()
+        self.activity = _Activity()
+        self.backend = backend
+        self._record_lock = threading.Lock()
         self.judged: dict[tuple[str, str], Verdict] = {}
 
     def judge(self, todo: list[Candidate]) -> None:
@@ -144,16 +187,18 @@ class _Session:
         self._record(copy, 0.0, duplicate_of=original.candidate_id, **fields)
 
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
+        """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
         jobs = max(1, self.opts.jobs)
         os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // jobs)))  # ninja inside each build
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {c: pool.submit(self._compile, c) for c in runnable}
-            if self.device == "cpu":
-                for future in futures.values():
-                    future.exception()
-            for problem_id in dict.fromkeys(c.problem_id for c in runnable):
-                mine = {futures[c]: c for c in runnable if c.problem_id == problem_id}
-                self._judge_problem(problem_id, mine)
+        config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.timeout,
+                            self.opts.compile_timeout)
+        lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)
+        try:
+            schedule.drive(runnable, self._compile, jobs, [partial(self._evaluate, lane) for lane in lanes],
+                           key=lambda cand: cand.problem_id, hold=self.device == "cpu")
+        finally:
+            for lane in lanes:
+                lane.close()
 
     def _judged_statically(self, cand: Candidate) -> bool:
         if cand.invalid:
@@ -165,56 +210,39 @@ class _Session:
             return False
         return True
 
-    def _compile(self, cand: Candidate) -> tuple[Compiled, float]:
+    def _compile(self, cand: Candidate) -> _Built | None:
+        """Build one candidate; a failed build is recorded here and goes to no lane (None)."""
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
         started = time.perf_counter()
-        with self.compiles:
-            compiled = compile_candidate(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
-        return compiled, time.perf_counter() - started
+        with self.activity:
+            compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+        seconds = time.perf_counter() - started
+        base = {"compiled": compiled.record.ok, "compile_cached": compiled.cached,
+                "compile_seconds": round(seconds, 3)}  # this run's cost: near zero when cached
+        if compiled.record.ok:
+            return _Built(compiled, seconds, base)
+        self._record(cand, seconds, status=compiled.record.status or "compile_error", error=compiled.record.error,
+                     log=log, **base)
+        return None
 
-    def _judge_problem(self, problem_id: str, futures: dict[Future, Candidate]) -> None:
-        ref: ProblemSession | None = None
-        try:
-            for future in as_completed(futures):
-                cand = futures[future]
-                compiled, seconds = future.result()
-                base = {"compiled": compiled.record.ok, "compile_cached": compiled.cached,
-                        "compile_seconds": round(seconds, 3)}  # this run's cost: near zero when cached
-                if not compiled.record.ok:
-                    log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
-                    self._record(cand, seconds, status=compiled.record.status or "compile_error",
-                                 error=compiled.record.error, log=log, **base)
-                    continue
-                ref = ref or self._reference(problem_id)
-                if ref.error:
-                    self._record(cand, seconds, status="skipped", error=ref.error, **base)
-                    continue
-                self._evaluate(cand, compiled, ref, seconds, base)
-        finally:
-            if ref:
-                ref.close()
-
-    def _reference(self, problem_id: str) -> ProblemSession:
-        problem = self.found.problems[problem_id]
-        log = self.recorder.log_path(problem_id, "_reference", "eval")
-        session = ProblemSession(problem, self.manifest.settings, self.seeds, log, self.opts.timeout,
-                                 self.opts.compile_timeout, self.store).open()
-        if session.warning:
-            self.warnings.append(f"{problem.path}: {session.warning}")
-        return session
-
-    def _evaluate(self, cand: Candidate, compiled: Compiled, ref: ProblemSession, seconds: float, base: dict) -> None:
+    def _evaluate(self, lane: LaneHandle, cand: Candidate, built: _Built) -> None:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "eval")
+        ref_log = self.recorder.log_path(cand.problem_id, "_reference", "eval")
         started = time.perf_counter()
-        self._check_tampering(None)  # what happened before this candidate ran is not its doing
-        alone = self.compiles.snapshot()
-        outcome = ref.judge(compiled, cand.path, log, self.opts.timeout)
-        fields = _outcome_fields(outcome, ref)
-        if self._check_tampering(cand if self.compiles.snapshot() == alone and alone[1] == 0 else None):
-            fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None, speedup_vs_eager=None,
-                          speedup_vs_compile=None, error="cheating detected: it altered the run's verdicts.jsonl "
-                          "while it ran (restored; no verdict changed)")
-        self._record(cand, seconds + time.perf_counter() - started, log=log, **base, **fields)
+        with self.activity:
+            self._check_tampering(None)  # what happened before this candidate ran is not its doing
+            alone = self.activity.snapshot()
+            result = lane.evaluate(self.found.problems[cand.problem_id], cand.path, built.compiled, ref_log, log)
+            fields = result.fields
+            if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
+                fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None,
+                              speedup_vs_eager=None, speedup_vs_compile=None, error="cheating detected: it "
+                              "altered the run's verdicts.jsonl while it ran (restored; no verdict changed)")
+        if result.warning:
+            self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {result.warning}")
+        if result.baseline_key:
+            self.store.adopt(result.baseline_key)
+        self._record(cand, built.seconds + time.perf_counter() - started, log=log, **built.base, **fields)
 
     def _check_tampering(self, culprit: Candidate | None) -> bool:
         """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
@@ -227,6 +255,10 @@ class _Session:
         return True
 
     def _record(self, cand: Candidate, seconds: float, log: Path | None = None, **fields) -> None:
+        with self._record_lock:  # lanes and compile threads record concurrently
+            self._record_locked(cand, seconds, log, **fields)
+
+    def _record_locked(self, cand: Candidate, seconds: float, log: Path | None, **fields) -> None:
         rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None
         verdict = Verdict(
             run_id=self.manifest.run_id,
@@ -260,8 +292,8 @@ def _first_of_each_source(candidates: list[Candidate]) -> tuple[list[Candidate],
     return list(first.values()), copies
 
 
-class _CompileActivity:
-    """Counts compiles (which run candidate code) so tampering is blamed only on a candidate that ran alone."""
+class _Activity:
+    """Counts compiles and evaluations (both run candidate code): tampering is blamed only on one that ran alone."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -280,47 +312,6 @@ class _CompileActivity:
     def snapshot(self) -> tuple[int, int]:
         with self._lock:
             return self.started, self.running
-
-
-def _outcome_fields(outcome: Outcome, ref: ProblemSession) -> dict:
-    timing = outcome.timing
-    fields = {
-        "status": outcome.status,
-        "error": outcome.error,
-        "trials_passed": outcome.trials_passed,
-        "mutates_inputs": outcome.mutates_inputs,
-        "max_abs_diff": outcome.max_abs_diff,
-        "mean_abs_diff": outcome.mean_abs_diff,
-        "device_name": outcome.device_name or ref.device_name,
-        "problem_warning": ref.warning,
-        "timing": timing,
-        "ref_runtime_ms": timing.reference.median_ms if timing else None,
-        "ref_runtime_stats": timing.reference if timing else None,
-        "compile_runtime_ms": ref.baseline.compiled.median_ms if ref.baseline and ref.baseline.compiled else None,
-    }
-    if outcome.status in ("ok", "suspicious") and timing and outcome.runtime_ms is not None:
-        fields.update(
-            correct=True,
-            runtime_ms=outcome.runtime_ms,
-            runtime_stats=outcome.stats,
-            speedup=timing.speedup,
-            speedup_vs_eager=timing.speedup,
-            speedup_vs_eager_ci=timing.speedup_ci,
-            speedup_vs_compile=outcome.speedup_vs_compile,
-            speedup_vs_compile_ci=outcome.speedup_vs_compile_ci,
-        )
-    return fields
-
-
-def _keep_memory_private() -> None:
-    """Make this process non-dumpable: other processes of the same (non-root) user, candidates included,
-    can then no longer read its memory through /proc/<pid>/mem or map_files, where expected outputs live."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
-    except (OSError, AttributeError):
-        pass
 
 
 def _now() -> str:

@@ -2,6 +2,9 @@
 
 Each worker is its own process group (session), so a timeout or the end of an evaluation kills the
 candidate and every process it may have left behind, not only the Python we started.
+
+A worker is forked from a server that has already imported torch (`forkserver`) where that works, else
+started cold as `python -m kernelbench_eval.worker`; both look the same from here (and to the candidate).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import threading
 import time
 from pathlib import Path
 
+from kernelbench_eval import forkserver
+from kernelbench_eval.forkserver import TOKEN_VAR, ForkedChild
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
-TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
+KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giving up on it
 
 
 class WorkerFailure(Exception):
@@ -42,7 +47,7 @@ class WorkerProcess:
         self.time_limit = time_limit  # the whole budget, named in timeout messages
         self.log_path = log_path
         self.extra_env = extra_env or {}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedChild | None = None  # `.pid` is read by measure.py
         self._reply_fd = -1
         self._buffer = b""
         self._token = secrets.token_hex(16)  # marks every process this worker starts, even outside its group
@@ -57,11 +62,25 @@ class WorkerProcess:
 
     def start(self) -> None:
         read_fd, write_fd = os.pipe()
+        env = self._env()
+        try:
+            self.proc = forkserver.spawn(env, self.workdir, write_fd) or self._start_cold(env, write_fd)
+        finally:
+            os.close(write_fd)
+        self._reply_fd = read_fd
+        self._pump = threading.Thread(target=_copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
+        self._pump.start()
+
+    def _env(self) -> dict[str, str]:
         env = dict(os.environ, **self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         env[TOKEN_VAR] = self._token
-        self.proc = subprocess.Popen(
+        return env
+
+    def _start_cold(self, env: dict[str, str], write_fd: int) -> subprocess.Popen[bytes]:
+        """A fresh interpreter: what every worker was before the fork server, and its fallback."""
+        return subprocess.Popen(
             [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # a pipe, not the log file: the child never learns where results live
@@ -71,10 +90,6 @@ class WorkerProcess:
             pass_fds=(write_fd,),
             start_new_session=True,
         )
-        os.close(write_fd)
-        self._reply_fd = read_fd
-        self._pump = threading.Thread(target=_copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
-        self._pump.start()
 
     def request(self, req: WorkerRequest, timeout: float) -> WorkerReply:
         """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit."""
@@ -126,7 +141,8 @@ class WorkerProcess:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a forked one's status comes from its server
+            self.proc.wait(timeout=KILL_WAIT)
         _kill_marked(self._token)
 
     def close(self) -> None:
@@ -148,6 +164,8 @@ class WorkerProcess:
             self._reply_fd = -1
         if self._pump:
             self._pump.join(timeout=5)
+            if not self._pump.is_alive() and self.proc.stdout:
+                self.proc.stdout.close()
 
 
 def _copy_capped(stream: object, log_path: Path) -> None:
@@ -178,3 +196,15 @@ def _kill_marked(token: str) -> None:
                     os.kill(int(entry.name), signal.SIGKILL)
         except OSError:
             continue
+
+
+def keep_memory_private() -> None:
+    """Make this (harness) process non-dumpable: other processes of the same non-root user, candidates
+    included, can then no longer read its memory through /proc/<pid>/mem or map_files, where expected
+    outputs live."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass

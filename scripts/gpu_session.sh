@@ -3,6 +3,7 @@
 #   bash scripts/gpu_session.sh tests [pytest args]   GPU-marked tests (default: tests/test_gpu.py tests/test_trust_gpu.py)
 #   bash scripts/gpu_session.sh bench                 bench/timing_fidelity.py, its table into docs/benchmarks.md
 #   bash scripts/gpu_session.sh corpus [kbeval args]  the seed corpus end to end (RUN_ID names the run)
+#   bash scripts/gpu_session.sh throughput [args]     bench/throughput.py, its table into docs/benchmarks.md
 # Results land in $OUT (a tarball of the run folder, the logs of each step).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -17,6 +18,9 @@ case "${1:-tests}" in
     python3 -m pytest -q -m gpu -rA "${targets[@]}" > "$OUT/pytest_gpu.log" 2>&1; tail -60 "$OUT/pytest_gpu.log" ;;
   bench)
     python3 bench/timing_fidelity.py "${@:2}" 2>&1 | tee "$OUT/bench.log"
+    cp docs/benchmarks.md "$OUT/" ;;
+  throughput)
+    python3 bench/throughput.py "${@:2}" 2>&1 | tee "$OUT/throughput.log"
     cp docs/benchmarks.md "$OUT/" ;;
   corpus)
     run_id=${RUN_ID:-seed-h100}

@@ -24,6 +24,7 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
     for name in ("cpp_honest", "cpp_wrong", "cpp_hang", "cpp_segfault"):
         assert status[name] == "skipped" and "needs cpu" in verdicts[name]["error"]
     ok = verdicts["cuda_relu"]
+    assert ok["lane"].startswith("cuda:")  # judged on a GPU lane (all visible GPUs by default)
     assert ok["device"] == "cuda" and ("H100" in ok["device_name"] or "H200" in ok["device_name"])
     assert ok["runtime_stats"]["calls"] >= 100 and ok["runtime_ms"] > 0 and ok["speedup"] > 0
     timing = ok["timing"]

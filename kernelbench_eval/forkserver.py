@@ -1,0 +1,601 @@
+"""Start workers by forking a server that has already imported torch, instead of a cold interpreter each time.
+
+Why: every candidate costs two workers (check, then timing), and a cold `python -m kernelbench_eval.worker`
+spends seconds importing torch before it can answer. A fork of an interpreter that has imported torch (and
+never touched CUDA) answers in milliseconds.
+
+Three roles live in this file:
+
+- **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; this starts the server
+  for the worker's base environment once (lazily), sends it a spawn request and gets back a `ForkedChild`,
+  which offers the parts of `subprocess.Popen` the worker needs (`pid`, `stdin`, `stdout`, `poll`, `wait`,
+  `returncode`). Anything that goes wrong returns None, and the caller starts a cold worker as before.
+- **Server** (`python -m kernelbench_eval.forkserver`): imports torch and the worker, then listens on a Unix
+  socket in a private (0700) directory. It never runs candidate code and never initialises CUDA (checked
+  before every fork: a CUDA context does not survive `fork`). It dies with the harness (PR_SET_PDEATHSIG,
+  EOF on its stdin, a pipe only the harness holds, or a new parent), only talks to the harness (SO_PEERCRED),
+  and is not dumpable, so a candidate cannot write into it to change every worker forked after it.
+- **Child**: set up exactly like a cold worker (own session, fds 0/1/2 on the harness's pipes, only the reply
+  pipe besides, working directory, environment, PR_SET_PDEATHSIG, fresh random seeds), then `worker.serve`.
+
+Protocol, one SOCK_SEQPACKET connection per child: the harness sends `{"env": {...}, "cwd": "..."}` with three
+fds (SCM_RIGHTS): the child's stdin read end, its stdout/stderr write end and its reply-pipe write end. The
+server answers `{"pid": N}` (or `{"error": "..."}`), and `{"status": S}` (a raw wait status) when the child
+has exited and been reaped. If the server dies first, the connection closes without a status: its children
+got SIGKILL through their own PR_SET_PDEATHSIG.
+
+The worker's token (`TOKEN_VAR`) must show in `/proc/<pid>/environ`, which lists the environment a process was
+*exec'd* with, not what it later set; that is how the harness finds what a worker left behind, even outside
+its group. So the server is started with a placeholder token of the same length, and each child overwrites
+the placeholder in its own copy of that memory: it, and anything it forks, then carries its real token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import queue
+import random
+import runpy
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, NoReturn
+
+TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
+TOKEN_LENGTH = 32  # secrets.token_hex(16)
+TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
+# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds) or by the
+# harness: one server serves every value. Any other variable a worker sets gets a server of its own.
+FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES"})
+WORKER_MODULE = "kernelbench_eval.worker"
+SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
+READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy machine is slow at this)
+REPLY_TIMEOUT = 30.0  # seconds for a server to answer a spawn request
+MAX_STARTS = 3  # servers started per base environment; past that, its workers start cold
+MAX_REQUEST_BYTES = 1 << 20
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+_STAT_ENV_START = 47  # env_start, field 50 of /proc/<pid>/stat, counted from field 3 (after the command name)
+
+
+def enabled() -> bool:
+    """Forking is on unless KBEVAL_FORKSERVER=0, and possible only where fds can be passed (Linux)."""
+    return os.environ.get(SWITCH_VAR, "1") != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
+
+
+# -- harness side --------------------------------------------------------------------------------------------
+
+
+class ForkedChild:
+    """A worker forked by the server: the subset of `subprocess.Popen` that `WorkerProcess` uses.
+
+    Its exit status arrives over the server connection, since the harness is not its parent and cannot
+    `waitpid` it. `returncode` follows Popen: the exit code, or minus the signal that killed it.
+    """
+
+    def __init__(self, pid: int, conn: socket.socket, stdin: Any, stdout: Any) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._conn = conn
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._receive_status(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not self._receive_status(timeout):
+            raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def _receive_status(self, timeout: float | None) -> bool:
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            data = self._conn.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            self.returncode = os.waitstatus_to_exitcode(json.loads(data)["status"])
+        else:  # the server died: its PR_SET_PDEATHSIG killed this child
+            self.returncode = -signal.SIGKILL
+        self._conn.close()
+        return True
+
+
+def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
+    """Fork a worker with environment `env` (what a cold worker would get) in `cwd`, replying on `reply_fd`.
+
+    None when forking is off or fails for any reason: the caller then starts a cold worker.
+    """
+    if not enabled() or len(env.get(TOKEN_VAR, "")) != TOKEN_LENGTH:
+        return None
+    server_env = {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
+    child_env = {k: v for k, v in env.items() if k in FORK_SAFE_VARS}
+    server = _server_for(server_env)
+    if server is None:
+        return None
+    stdin_read, stdin_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        pid, conn = server.spawn(child_env, cwd, [stdin_read, out_write, reply_fd])
+    except (OSError, ValueError, KeyError) as exc:
+        os.close(stdin_write)
+        os.close(out_read)
+        _drop_server(server, exc)
+        return None
+    finally:
+        os.close(stdin_read)
+        os.close(out_write)
+    return ForkedChild(pid, conn, open(stdin_write, "wb"), open(out_read, "rb"))  # noqa: SIM115 (the worker's)
+
+
+class _SpawnRefused(OSError):
+    """The server answered, but could not fork this child (it stays up for the next one)."""
+
+
+class ForkServer:
+    """The harness's handle on one server process and its socket."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.dir = Path(tempfile.mkdtemp(prefix="kbeval-forkserver-"))  # 0700: only this user can reach the socket
+        self.path = self.dir / "socket"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server (from the keeper thread) and wait until it listens; raise if it does not."""
+        argv = [sys.executable, "-m", "kernelbench_eval.forkserver", "--socket", str(self.path),
+                "--parent", str(os.getpid())]
+        self.proc = _KEEPER.call(lambda: subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=self.dir,
+            env=self.env, start_new_session=True))  # its own session: a Ctrl-C meant for the harness passes it by
+        assert self.proc.stdout is not None
+        line = _read_line(self.proc.stdout.fileno(), READY_TIMEOUT)
+        self.proc.stdout.close()
+        if line != b"ready":
+            raise RuntimeError(f"fork server did not start: {line.decode(errors='replace')[:300] or 'no answer'}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self, env: dict[str, str], cwd: Path, fds: list[int]) -> tuple[int, socket.socket]:
+        """Ask for one child; (its pid, the connection its exit status will arrive on)."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.settimeout(REPLY_TIMEOUT)
+            conn.connect(str(self.path))
+            socket.send_fds(conn, [json.dumps({"env": env, "cwd": str(cwd)}).encode()], fds)
+            reply = json.loads(conn.recv(4096) or b"{}")
+            if "pid" not in reply:
+                raise _SpawnRefused(reply.get("error", "the fork server closed the connection"))
+            conn.settimeout(None)
+            return int(reply["pid"]), conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def stop(self) -> None:
+        """Close its lifeline (it then kills its children and exits), then make sure it is gone."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Keeper:
+    """One thread, alive as long as the harness, that starts every server.
+
+    PR_SET_PDEATHSIG fires when the *thread* that started a process exits, not the process: a server started
+    from a pool thread would be killed (with every worker it forked) when that pool shuts down.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kbeval-forkserver-keeper", daemon=True)
+                self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((fn, future))
+        return future.result()
+
+    def _run(self) -> None:
+        while True:
+            fn, future = self._jobs.get()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, who falls back to a cold worker
+                future.set_exception(exc)
+
+
+_KEEPER = _Keeper()
+_LOCK = threading.Lock()
+_SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+_STARTS: dict[tuple[tuple[str, str], ...], int] = {}
+
+
+def _server_for(env: dict[str, str]) -> ForkServer | None:
+    """The running server for this base environment, started now if need be; None if it cannot be had."""
+    key = tuple(sorted(env.items()))
+    with _LOCK:
+        server = _SERVERS.get(key)
+        if server is not None and server.alive():
+            return server
+        if server is not None:  # it died (or was killed): start another, a few times at most
+            del _SERVERS[key]
+            server.stop()
+        if _STARTS.get(key, 0) >= MAX_STARTS:
+            return None
+        if not _STARTS:
+            atexit.register(stop_all)
+        _STARTS[key] = _STARTS.get(key, 0) + 1
+        server = ForkServer(env)
+        try:
+            server.start()
+        except (OSError, RuntimeError, ValueError):
+            server.stop()
+            return None
+        _SERVERS[key] = server
+        return server
+
+
+def _drop_server(server: ForkServer, exc: BaseException) -> None:
+    """After a failed spawn: keep a server that refused one fork, stop one that is dead or does not answer."""
+    if isinstance(exc, _SpawnRefused) and server.alive():
+        return
+    with _LOCK:
+        for key, known in list(_SERVERS.items()):
+            if known is server:
+                del _SERVERS[key]
+    server.stop()
+
+
+def stop_all() -> None:
+    """Stop every server (at exit; their children die with them)."""
+    with _LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.stop()
+
+
+def _read_line(fd: int, timeout: float) -> bytes:
+    """One line from `fd` within `timeout` seconds (without its newline); what came so far if not."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.partition(b"\n")[0]
+
+
+# -- server --------------------------------------------------------------------------------------------------
+
+
+class _Server:
+    """Accepts spawn requests from the harness only, forks children, reports how each one ended."""
+
+    def __init__(self, listener: socket.socket, parent: int, import_fds: frozenset[int]) -> None:
+        self.listener = listener
+        self.parent = parent
+        self.import_fds = import_fds  # opened by the imports: a cold worker would have them too
+        self.children: dict[int, socket.socket] = {}  # pid -> the connection its status goes back on
+        self.pid = os.getpid()
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
+        signal.set_wakeup_fd(self.wake_write)  # a SIGCHLD wakes poll() at once
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def run(self) -> None:
+        poller = select.poll()
+        for fd in (0, self.wake_read, self.listener.fileno()):
+            poller.register(fd, select.POLLIN)
+        while os.getppid() == self.parent:
+            for fd, _ in poller.poll(1000):
+                if fd == 0 and not os.read(0, 4096):
+                    return  # EOF on the lifeline: the harness is gone
+                if fd == self.wake_read:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_read, 4096)
+                if fd == self.listener.fileno():
+                    with contextlib.suppress(OSError):  # out of fds, say: the harness falls back for that one
+                        self._accept()
+            self._reap()
+
+    def shutdown(self) -> None:
+        for pid in self.children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(5)
+        if _peer_pid(conn) != self.parent:  # another process of this user (a candidate?) may not spawn
+            conn.close()
+            return
+        fds: list[int] = []
+        try:
+            message, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
+                raise ValueError("malformed spawn request")
+            pid = self._fork(json.loads(message), fds, conn)
+        except (OSError, ValueError, RuntimeError) as exc:
+            with contextlib.suppress(OSError):
+                conn.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            conn.send(json.dumps({"pid": pid}).encode())
+        except OSError:  # the harness gave up on it: nobody would ever talk to this child
+            conn.close()
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # its session, set up before the fork returned
+            return
+        self.children[pid] = conn
+
+    def _fork(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> int:
+        import torch
+
+        if torch.cuda.is_initialized():  # a CUDA context cannot be used after fork: never fork one
+            raise RuntimeError("CUDA is initialised in the fork server")
+        env, cwd = dict(request["env"]), str(request["cwd"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        started_read, started_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(started_read)
+            _child(self, conn, fds, env, cwd, started_write)
+        os.close(started_write)
+        try:  # wait for its setsid: the harness may killpg(pid) as soon as it has the pid
+            if _read_line(started_read, REPLY_TIMEOUT) != b"started":
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                raise RuntimeError("the forked child died before it started")
+        finally:
+            os.close(started_read)
+        return pid
+
+    def close_in_child(self, conn: socket.socket) -> None:
+        """The server's own fds, closed in a fresh child: a candidate gets no handle on the server."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sock in (self.listener, conn, *self.children.values()):
+            sock.close()  # only this process's copy: the server keeps its own
+        os.close(self.wake_read)
+        os.close(self.wake_write)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.send(json.dumps({"status": status}).encode())
+                conn.close()
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[0]
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _token_address() -> int | None:
+    """Where this process's exec'd environment holds the placeholder token (what /proc/<pid>/environ shows)."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    start, end = int(fields[_STAT_ENV_START]), int(fields[_STAT_ENV_START + 1])
+    block = b"\0" + ctypes.string_at(start, end - start)
+    at = block.find(f"\0{TOKEN_VAR}={TOKEN_PLACEHOLDER}\0".encode())
+    return None if at < 0 else start + at + len(TOKEN_VAR) + 1
+
+
+def _open_fds() -> list[int]:
+    return [int(name) for name in os.listdir("/proc/self/fd")]
+
+
+def serve_forever(socket_path: str, parent: int) -> None:
+    """The server's life: die with the harness, import, listen, say ready, fork on request."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # so the cleanup below runs (children die either way)
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent:  # the harness died before the line above took effect
+        return
+    _prctl(PR_SET_DUMPABLE, 0)  # candidates (same user) cannot write into this process's memory
+    try:
+        import torch  # noqa: F401  (the point of the server: imported once, before any fork)
+
+        importlib.import_module(WORKER_MODULE)  # its imports (timing binds its clocks here); rerun per child
+
+        if _token_address() is None:
+            raise RuntimeError(f"no {TOKEN_VAR} placeholder in this process's environment block")
+        import_fds = frozenset(_open_fds()) - {0, 1, 2}
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(socket_path)
+        listener.listen(64)
+    except Exception as exc:
+        os.write(1, f"error: {type(exc).__name__}: {exc}\n".encode())
+        return
+    server = _Server(listener, parent, import_fds)
+    os.write(1, b"ready\n")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # nothing more to say; the harness stops reading
+    os.close(devnull)
+    try:
+        server.run()
+    finally:
+        server.shutdown()
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+            os.rmdir(os.path.dirname(socket_path))  # the private directory, when the harness could not
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+# -- child ---------------------------------------------------------------------------------------------------
+
+
+def _child(server: _Server, conn: socket.socket, fds: list[int], env: dict[str, str], cwd: str,
+           started_fd: int) -> NoReturn:
+    """Become a worker, serve, and exit: this never returns into the server's loop, whatever happens."""
+    code = 1
+    try:
+        reply_fd = _become_worker(server, conn, fds, env, cwd, started_fd)
+        code = _serve(reply_fd)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        _exit(code)
+
+
+def _become_worker(server: _Server, conn: socket.socket, fds: list[int], env: dict[str, str], cwd: str,
+                   started_fd: int) -> int:
+    """The state a cold `python -m kernelbench_eval.worker` starts in; the reply pipe's fd."""
+    os.setsid()  # its own session and group: killpg reaches all it starts
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != server.pid:  # the server died before the line above took effect
+        os._exit(1)
+    os.write(started_fd, b"started\n")
+    os.close(started_fd)
+    server.close_in_child(conn)
+    reply_fd = _install_fds(fds, keep=server.import_fds)
+    _prctl(PR_SET_DUMPABLE, 1)  # as after exec: the harness reads its /proc files (environ, CPU time)
+    os.chdir(cwd)
+    _apply_env(env)
+    _fresh_interpreter_state()
+    return reply_fd
+
+
+def _install_fds(fds: list[int], keep: frozenset[int]) -> int:
+    """stdin, stdout and stderr on the harness's pipes; close every fd but those and the reply pipe."""
+    stdin_read, out_write, reply_fd = fds
+    os.dup2(stdin_read, 0)
+    os.dup2(out_write, 1)
+    os.dup2(out_write, 2)
+    for fd in _open_fds():
+        if fd > 2 and fd != reply_fd and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return reply_fd
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """The per-worker variables; the token is also written over the placeholder in /proc/<pid>/environ."""
+    os.environ.update(env)
+    token = env.get(TOKEN_VAR, "")
+    address = _token_address()
+    if address is not None and len(token) == TOKEN_LENGTH:
+        ctypes.memmove(address, token.encode(), TOKEN_LENGTH)
+
+
+def _fresh_interpreter_state() -> None:
+    """What differs between a fork of the server and a cold worker, as far as a candidate could notice."""
+    sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
+    importlib.invalidate_caches()
+    sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors, closefd=False)  # noqa: SIM115
+    random.seed()  # every fork would otherwise draw the server's random numbers
+    import torch
+
+    torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _serve(reply_fd: int) -> int:
+    """Run the worker module as `python -m kernelbench_eval.worker --reply-fd N` would; its exit code.
+
+    The module runs afresh as `__main__` (its imports are warm), so the worker is what a cold one would be,
+    down to `sys.modules["__main__"].Worker`, `sys.argv` and a `kernelbench_eval` package without `worker`.
+    """
+    sys.modules.pop(WORKER_MODULE, None)
+    vars(sys.modules["kernelbench_eval"]).pop("worker", None)
+    sys.argv = ["", "--reply-fd", str(reply_fd)]  # argv[0] becomes the module's path, as with -m
+    try:
+        runpy.run_module(WORKER_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _exit(code: int) -> NoReturn:
+    """Leave as an interpreter would (atexit handlers, flushed output), but never through the server's code."""
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="kbeval fork server (started by the harness, not by hand)")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args()
+    serve_forever(args.socket, args.parent)
+
+
+if __name__ == "__main__":
+    main()

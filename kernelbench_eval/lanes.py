@@ -1,0 +1,148 @@
+"""Evaluation lanes: one per GPU, each judging one compiled candidate at a time on its own device.
+
+A lane pins every worker it starts to its GPU through CUDA_VISIBLE_DEVICES, so a candidate that poisons its
+CUDA context (an illegal address, a hung kernel) can only hurt its own, short-lived process on that GPU,
+never another lane. A lane keeps the reference session of the problem it judged last open: the next
+candidate of that problem skips the reference run. Lanes are plain objects so that the Ray backend can host
+the same class in an actor; everything they take and return pickles.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.compile import Compiled, compile_candidate
+from kernelbench_eval.discover import Candidate, Problem
+from kernelbench_eval.evaluate import Outcome, ProblemSession, Secrets
+from kernelbench_eval.models import RunSettings
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    label: str  # "cuda:1", "cpu:0": recorded in each verdict as `lane`
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LaneConfig:
+    """What every lane of a run shares. Not the seeds: each lane draws its own, so they never travel."""
+
+    settings: RunSettings
+    baselines: Path
+    timeout: float
+    compile_timeout: float
+
+
+@dataclass
+class LaneResult:
+    fields: dict  # Verdict fields
+    warning: str | None = None  # about the problem, from its reference
+    baseline_key: str | None = None  # the baselines.json entry used
+
+
+def lane_specs(device: str, gpus: list[str] | None, count: int | None = None) -> list[LaneSpec]:
+    """The lanes of a run: one per GPU named in `gpus` (default: every visible GPU), or `count` CPU lanes.
+
+    GPU names are what CUDA_VISIBLE_DEVICES takes (an index or a UUID). On the CPU a second lane only makes
+    sense for throughput tests: parallel CPU timings share cores.
+    """
+    if device == "cpu":
+        return [LaneSpec(f"cpu:{n}") for n in range(max(1, count or len(gpus or []) or 1))]
+    if not gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else [
+            str(n) for n in range(max(1, torch.cuda.device_count()))]
+    return [LaneSpec(f"cuda:{gpu}", {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus[: count or len(gpus)]]
+
+
+class EvalLane:
+    def __init__(self, spec: LaneSpec, config: LaneConfig) -> None:
+        self.spec, self.config = spec, config
+        self.store = BaselineStore(config.baselines)
+        self.seeds = Secrets.draw(config.settings.trials)
+        self.session: ProblemSession | None = None
+
+    def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
+        """The verdict fields of one compiled candidate, judged on this lane's device."""
+        opened = self._session_for(problem, ref_log)
+        ref = self.session
+        assert ref is not None
+        if ref.error:
+            return LaneResult({"status": "skipped", "error": ref.error, "lane": self.spec.label})
+        outcome = ref.judge(compiled, path, log, self.config.timeout)
+        return LaneResult(outcome_fields(outcome, ref) | {"lane": self.spec.label},
+                          ref.warning if opened else None, ref.baseline_key)
+
+    def _session_for(self, problem: Problem, ref_log: Path) -> bool:
+        """Open `problem`'s reference unless it is the one open; True when it was opened now."""
+        if self.session and self.session.problem == problem:
+            return False
+        self.close()
+        cfg = self.config
+        self.session = ProblemSession(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
+                                      self.store, dict(self.spec.env)).open()
+        return True
+
+    def close(self) -> None:
+        if self.session:
+            self.session.close()
+            self.session = None
+
+
+def outcome_fields(outcome: Outcome, ref: ProblemSession) -> dict:
+    timing = outcome.timing
+    fields = {
+        "status": outcome.status,
+        "error": outcome.error,
+        "trials_passed": outcome.trials_passed,
+        "mutates_inputs": outcome.mutates_inputs,
+        "max_abs_diff": outcome.max_abs_diff,
+        "mean_abs_diff": outcome.mean_abs_diff,
+        "device_name": outcome.device_name or ref.device_name,
+        "problem_warning": ref.warning,
+        "timing": timing,
+        "ref_runtime_ms": timing.reference.median_ms if timing else None,
+        "ref_runtime_stats": timing.reference if timing else None,
+        "compile_runtime_ms": ref.baseline.compiled.median_ms if ref.baseline and ref.baseline.compiled else None,
+    }
+    if outcome.status in ("ok", "suspicious") and timing and outcome.runtime_ms is not None:
+        fields.update(
+            correct=True,
+            runtime_ms=outcome.runtime_ms,
+            runtime_stats=outcome.stats,
+            speedup=timing.speedup,
+            speedup_vs_eager=timing.speedup,
+            speedup_vs_eager_ci=timing.speedup_ci,
+            speedup_vs_compile=outcome.speedup_vs_compile,
+            speedup_vs_compile_ci=outcome.speedup_vs_compile_ci,
+        )
+    return fields
+
+
+class LaneHandle(Protocol):
+    """A lane as the pipeline sees it: an `EvalLane` here, or one living in a Ray actor."""
+
+    def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Compiles in subprocesses of this host and evaluates on its own GPUs (one thread per lane)."""
+
+    name = "local"
+
+    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled:
+        return compile_candidate(cand, device, cache_dir, log, timeout)
+
+    def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]:
+        return [EvalLane(spec, config) for spec in lane_specs(config.settings.device, gpus, count)]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,280 @@
+"""Workers forked from the fork server, on the CPU, as real processes: they must behave as cold workers do.
+
+Every test asserts the worker really was forked (a `ForkedChild`), so a silent fallback to a cold start
+cannot make it pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FIXTURES, ROOT
+
+from kernelbench_eval import forkserver
+from kernelbench_eval.forkserver import ForkedChild
+from kernelbench_eval.models import WorkerRequest
+from kernelbench_eval.process import WorkerFailure, WorkerProcess
+
+PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
+HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"
+TIMEOUT = 60.0
+
+
+@pytest.fixture(autouse=True)
+def forking_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(forkserver.SWITCH_VAR, raising=False)
+
+
+@pytest.fixture
+def pids_to_clean() -> Iterator[list[int]]:
+    """Processes a test's candidate started: killed at the end whatever the test concluded."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def module(folder: Path, name: str, body: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@contextmanager
+def forked(workdir: Path, extra_env: dict[str, str] | None = None,
+           time_limit: float | None = None) -> Iterator[WorkerProcess]:
+    """A started worker that must have come from the fork server; closed (killed with its group) at the end."""
+    with WorkerProcess(workdir, workdir / "worker.log", extra_env, time_limit=time_limit) as worker:
+        assert isinstance(worker.proc, ForkedChild), "the fork server was not used"
+        yield worker
+
+
+def import_request(path: Path, class_name: str | None = None) -> WorkerRequest:
+    return WorkerRequest(op="import", path=str(path), class_name=class_name)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_dead(pids: list[int], seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def read_pids(path: Path) -> list[int]:
+    deadline = time.monotonic() + 10
+    while not path.exists() or not path.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return [int(p) for p in path.read_text().split()]
+
+
+def test_import_load_run_round_trip(tmp_path: Path) -> None:
+    """The reference writes inputs, the candidate loads and runs on them: the output is the reference's."""
+    with forked(tmp_path) as ref:
+        assert ref.request(WorkerRequest(op="prepare", path=str(PROBLEM), trial_seeds=[7], inputs_dir=str(tmp_path)),
+                           TIMEOUT).ok
+    assert ref.proc is not None and ref.proc.returncode == 0  # asked to exit, it exited cleanly
+    outputs = {}
+    for name, path in (("Model", PROBLEM), ("ModelNew", HONEST)):
+        with forked(tmp_path) as worker:
+            assert worker.request(import_request(path, name), TIMEOUT).ok
+            loaded = worker.request(WorkerRequest(op="load", path=str(path), class_name=name,
+                                                  init_file=str(tmp_path / "init.pt"), init_seed=3,
+                                                  device="cpu", threads=1), TIMEOUT)
+            assert loaded.ok, loaded.error
+            out = tmp_path / f"{name}.pt"
+            ran = worker.request(WorkerRequest(op="run", inputs_file=str(tmp_path / "inputs_0.pt"),
+                                               output_file=str(out)), TIMEOUT)
+            assert ran.ok and ran.outputs[0].shape == [8, 16], ran.error
+            outputs[name] = torch.load(out, weights_only=True)[0]
+    torch.testing.assert_close(outputs["ModelNew"], outputs["Model"])
+
+
+def test_segfault_is_reported_by_signal(tmp_path: Path) -> None:
+    path = module(tmp_path, "segv", "import ctypes\nctypes.string_at(0)\n")
+    with forked(tmp_path) as worker, pytest.raises(WorkerFailure) as failure:
+        worker.request(import_request(path), TIMEOUT)
+    assert failure.value.status == "crashed"
+    assert failure.value.message == "killed by signal SIGSEGV"
+
+
+def test_exit_without_a_verdict(tmp_path: Path) -> None:
+    path = module(tmp_path, "leaves", "import sys\nprint('bye', flush=True)\nsys.exit(0)\n")
+    with forked(tmp_path) as worker, pytest.raises(WorkerFailure) as failure:
+        worker.request(import_request(path), TIMEOUT)
+    assert failure.value.status == "crashed"
+    assert failure.value.message == "exited with code 0 without a verdict"
+    assert "bye" in (tmp_path / "worker.log").read_text()  # its output still reached its log
+
+
+def test_hang_is_killed_at_the_timeout_with_its_group(tmp_path: Path, pids_to_clean: list[int]) -> None:
+    path = module(tmp_path, "hangs", """
+        import os, subprocess, sys, time
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open("pids.tmp", "w") as f:
+            f.write(f"{os.getpid()} {helper.pid}\\n")
+        os.rename("pids.tmp", "pids")
+        time.sleep(600)
+    """)
+    with forked(tmp_path, time_limit=2) as worker, pytest.raises(WorkerFailure) as failure:
+        worker.request(import_request(path), 2.0)
+    pids = read_pids(tmp_path / "pids")
+    pids_to_clean.extend(pids)
+    assert failure.value.status == "timeout"
+    assert pids[0] == worker.proc.pid
+    assert wait_dead(pids) == []
+
+
+def test_setsid_grandchildren_carrying_the_token_are_killed(tmp_path: Path, pids_to_clean: list[int]) -> None:
+    """Escapes from the group: an exec'd process and a bare fork, each in a session of its own."""
+    path = module(tmp_path, "escapes", """
+        import os, subprocess, sys, time
+        execd = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        done_read, done_write = os.pipe()
+        forked = os.fork()
+        if forked == 0:
+            os.setsid()
+            os.write(done_write, b"x")
+            time.sleep(600)
+            os._exit(0)
+        os.read(done_read, 1)  # it has left the group
+        with open("pids.tmp", "w") as f:
+            f.write(f"{execd.pid} {forked}\\n")
+        os.rename("pids.tmp", "pids")
+
+        class ModelNew:
+            pass
+    """)
+    with forked(tmp_path) as worker:
+        assert worker.request(import_request(path, "ModelNew"), TIMEOUT).ok
+        pids = read_pids(tmp_path / "pids")
+        pids_to_clean.extend(pids)
+        token = f"{forkserver.TOKEN_VAR}={worker._token}".encode()
+        for pid in [worker.proc.pid, *pids]:  # what the harness looks for after the group is gone
+            assert token in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
+            assert os.getsid(pid) != os.getsid(worker.proc.pid) or pid == worker.proc.pid
+    assert wait_dead(pids) == []
+
+
+def test_environment_and_state_are_the_workers_own(tmp_path: Path) -> None:
+    """Fork-safe variables and the token are applied in the child; any other variable gets a server of its own."""
+    path = module(tmp_path, "reports", """
+        import json, os, random, sys
+        import torch
+        keys = ("TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "KBEVAL_WORKER_TOKEN", "KBEVAL_TEST_OTHER",
+                "PYTHONUNBUFFERED")
+        report = {k: os.environ.get(k) for k in keys}
+        report |= {"cwd": os.getcwd(), "path0": sys.path[0], "random": random.random(),
+                   "torch": torch.rand(1).item(), "fds": sorted(os.listdir("/proc/self/fd")),
+                   "pgid": os.getpgid(0), "pid": os.getpid(), "cuda": torch.cuda.is_initialized(),
+                   "argv": sys.argv, "main_has_worker": hasattr(sys.modules["__main__"], "Worker")}
+        with open(f"report-{os.getpid()}.json", "w") as f:
+            json.dump(report, f)
+    """)
+    reports = []
+    for extra in ({"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CUDA_LAUNCH_BLOCKING": "1"},
+                  {"KBEVAL_TEST_OTHER": "x"}):
+        with forked(tmp_path, extra) as worker:
+            assert worker.request(import_request(path), TIMEOUT).ok
+            report = json.loads((tmp_path / f"report-{worker.proc.pid}.json").read_text())
+            assert report["KBEVAL_WORKER_TOKEN"] == worker._token
+            assert {k: report[k] for k in extra} == extra
+            reports.append(report)
+    first, second = reports
+    assert first["KBEVAL_TEST_OTHER"] is None and second["TORCH_EXTENSIONS_DIR"] is None
+    assert first["cwd"] == first["path0"] == str(tmp_path)
+    assert first["PYTHONUNBUFFERED"] == "1"
+    assert first["pgid"] == first["pid"]  # a session and group of its own
+    assert first["random"] != second["random"] and first["torch"] != second["torch"]  # reseeded after the fork
+    assert not first["cuda"]
+    assert first["main_has_worker"] and first["argv"][0].endswith("worker.py")  # as `python -m ...worker`
+    assert first["argv"][1] == "--reply-fd"
+    assert "Warning" not in (tmp_path / "worker.log").read_text()
+    assert len(first["fds"]) <= 5, first["fds"]  # 0, 1, 2, the reply pipe, and the listing's own fd
+    assert len(forkserver._SERVERS) >= 2  # KBEVAL_TEST_OTHER may matter at import time: its own server
+
+
+def test_only_the_harness_may_spawn(tmp_path: Path) -> None:
+    """Another process of the same user (a candidate, say) that finds the socket gets nothing from it."""
+    with forked(tmp_path):
+        server = next(iter(forkserver._SERVERS.values()))
+        probe = f"""
+import json, os, socket
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect({str(server.path)!r})
+r, w = os.pipe()
+try:
+    socket.send_fds(conn, [json.dumps({{"env": {{}}, "cwd": "/"}}).encode()], [r, w, w])
+    print(repr(conn.recv(4096)))
+except OSError as exc:
+    print("refused", exc)
+"""
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    answer = out.stdout.strip()
+    assert answer == "b''" or answer.startswith("refused"), (out.stdout, out.stderr)  # never a pid
+
+
+def test_server_and_workers_die_with_the_harness(tmp_path: Path) -> None:
+    harness = f"""
+import os, sys, time
+from pathlib import Path
+from kernelbench_eval import forkserver
+from kernelbench_eval.process import WorkerProcess
+w = WorkerProcess(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / "log")
+w.start()
+server = next(iter(forkserver._SERVERS.values()))
+print(server.proc.pid, w.proc.pid, type(w.proc).__name__, server.dir, flush=True)
+time.sleep(600)
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", harness], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        server_pid, worker_pid, kind, server_dir = proc.stdout.readline().split()
+        assert kind == "ForkedChild"
+        assert alive(int(server_pid)) and alive(int(worker_pid))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_dead([int(server_pid), int(worker_pid)]) == []
+    assert not Path(server_dir).exists()  # the server cleaned up after itself
+
+
+def _first_reply_seconds(workdir: Path) -> tuple[float, str]:
+    started = time.perf_counter()
+    with WorkerProcess(workdir, workdir / "latency.log") as worker:
+        assert worker.request(import_request(HONEST, "ModelNew"), TIMEOUT).ok
+        return time.perf_counter() - started, type(worker.proc).__name__
+
+
+def test_start_to_first_reply_latency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Printed, not asserted: a forked worker (server already warm) against a cold interpreter."""
+    _first_reply_seconds(tmp_path)  # the server's own start is paid once per harness, not per worker
+    forked_runs = [_first_reply_seconds(tmp_path) for _ in range(3)]
+    monkeypatch.setenv(forkserver.SWITCH_VAR, "0")
+    cold_runs = [_first_reply_seconds(tmp_path) for _ in range(2)]
+    assert {kind for _, kind in forked_runs} == {"ForkedChild"}
+    assert {kind for _, kind in cold_runs} == {"Popen"}
+    forked_s = sorted(s for s, _ in forked_runs)[1]
+    cold_s = sorted(s for s, _ in cold_runs)[0]
+    print(f"\nstart to first reply: forked {forked_s * 1000:.0f} ms, cold {cold_s * 1000:.0f} ms")
