@@ -209,8 +209,10 @@ def run_phases(args: argparse.Namespace, root: Path) -> list[Phase]:
             ("warm", corpus, jobs, warm_cache, {}, []),
             ("resume", corpus, jobs, warm_cache, {}, resume),
             ("warm-nofork", corpus, jobs, warm_cache, {"KBEVAL_FORKSERVER": "0"}, [])]
-    phases = []
+    phases: list[Phase] = []
     for name, cands, jobs, cache, env, extra in plan:
+        if args.phases and name.split("-j")[0] not in args.phases:
+            continue
         phase = Phase(name, len(list((cands / "relu2").glob("*.py"))), jobs, 1)
         phases.append(phase)
         if time.monotonic() > deadline:
@@ -226,11 +228,13 @@ def run_phases(args: argparse.Namespace, root: Path) -> list[Phase]:
         if extra:  # the verdicts it reports are the cold run's: their compile and timing numbers are not its own
             phase.compiled_cold, phase.one_compile_s, phase.timing_s, phase.overhead_s = 0, None, None, None
         print(f"{name}: {phase}", flush=True)
+        if os.environ.get("OUT"):  # after every phase: a run cut short keeps what it measured
+            Path(os.environ["OUT"], "throughput.json").write_text(json.dumps([asdict(p) for p in phases], indent=1))
     return phases
 
 
-def table(phases: list[Phase]) -> str:
-    one = next((p.one_compile_s for p in phases if p.name == "single"), None)
+def table(phases: list[Phase], one_compile: float | None = None) -> str:
+    one = next((p.one_compile_s for p in phases if p.name == "single"), one_compile)
     rows = ["| phase | candidates | --jobs | lanes | wall (s) | ok | cold compiles | median compile (s) | "
             "floor (s) | wall / floor | GPU busy | timing stage (s/cand.) | overhead (s/cand.) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -264,10 +268,10 @@ def section(phases: list[Phase], args: argparse.Namespace) -> str:
     return "\n".join([
         SECTION, "",
         f"{machine}, {os.cpu_count()} CPU cores; {versions}; {date.today()}; harness {git_commit()}.",
-        f"Command: `python3 bench/throughput.py --count {args.count} --jobs {','.join(map(str, args.jobs))}` "
+        f"Command: `python3 bench/throughput.py {' '.join(sys.argv[1:])}` "
         "(bench/README.md). Candidates: distinct CUDA `load_inline` ReLU kernels over a 4096x1024 float32 "
         "input (C++ ones on the CPU); floor = ceil(N / jobs) x the `single` phase's compile.", "",
-        table(phases), "", *ratios(phases), ""])
+        table(phases, args.one_compile), "", *ratios(phases), ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,16 +281,18 @@ def main(argv: list[str] | None = None) -> int:
                         "the first one's cache serves the warm phases")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--deadline", type=float, default=540, help="start no phase after this many seconds")
+    parser.add_argument("--phases", help="only these of single,cold,warm,resume,warm-nofork (comma-separated)")
+    parser.add_argument("--one-compile", type=float, help="one compile's seconds for the floor, when `single` is "
+                        "not run")
     parser.add_argument("--out-md", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--workdir", type=Path, help="keep the generated corpus, runs and logs here")
     args = parser.parse_args(argv)
     args.jobs = [int(j) for j in str(args.jobs).split(",")]
+    args.phases = args.phases.split(",") if args.phases else None
     root = args.workdir or Path(tempfile.mkdtemp(prefix="kbeval-throughput-"))
     phases = run_phases(args, root)
     text = section(phases, args)
     print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "throughput.json").write_text(json.dumps([asdict(p) for p in phases], indent=1))
     update_doc(args.out_md, text, SECTION)
     return 0
 
