@@ -11,6 +11,8 @@ import fcntl
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +52,25 @@ def compile_candidate(
     the cache) build once: the second waits, then finds the record.
     """
     build = build_dir(cache_dir, candidate, device)
+    with build_lock(build):
+        return _compile_locked(candidate, build, log_path, timeout)
+
+
+@contextmanager
+def build_lock(build: Path) -> Iterator[None]:
+    """Held by whoever imports a candidate from `build` (its compile, and each evaluation's load).
+
+    `load_inline` guards its build folder with a lock file it deletes when done (torch's FileBaton); a
+    process killed while holding it (a harness killed mid-run, a candidate killed at its timeout) leaves
+    the file behind, and every later import of that source waits for it forever. Since every import of a
+    build happens under this lock, any such file found once we hold it is stale, and is removed.
+    """
     build.parent.mkdir(parents=True, exist_ok=True)
     with open(build.with_name(build.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _compile_locked(candidate, build, log_path, timeout)
+        for stale in (build / "ext").glob("*/lock"):
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> Compiled:

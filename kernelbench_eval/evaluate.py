@@ -30,7 +30,7 @@ from kernelbench_eval.check import (
     degenerate_outputs,
     same_fingerprint,
 )
-from kernelbench_eval.compile import Compiled, extension_env
+from kernelbench_eval.compile import Compiled, build_lock, extension_env
 from kernelbench_eval.discover import Problem
 from kernelbench_eval.measure import Deadline, Lane, LaneError, block_calls, measure, sm_clock_mhz
 from kernelbench_eval.models import (
@@ -234,7 +234,7 @@ class ProblemSession:
                 if self.settings.device == "cuda":
                     env["CUDA_LAUNCH_BLOCKING"] = "1"  # a faulting kernel is reported at its own launch
                 with WorkerProcess(workdir, log, env, time_limit=timeout) as worker:
-                    if not self._load_candidate(worker, path, workdir, outcome, deadline):
+                    if not self._load_candidate(worker, path, workdir, compiled, outcome, deadline):
                         return outcome
                     for trial in range(len(self.outputs)):
                         stage = f"trial {trial}"
@@ -243,7 +243,7 @@ class ProblemSession:
                 stage = "timing"
                 env = self.env | extension_env(compiled.build_dir)
                 with WorkerProcess(workdir, log, env, time_limit=timeout) as worker:
-                    if not self._load_candidate(worker, path, workdir, outcome, deadline):
+                    if not self._load_candidate(worker, path, workdir, compiled, outcome, deadline):
                         return outcome
                     self._time(worker, workdir, outcome, deadline)
             except WorkerFailure as failure:
@@ -252,9 +252,10 @@ class ProblemSession:
                 outcome.status, outcome.error = exc.kind, f"{stage}: {exc}"
         return outcome
 
-    def _load_candidate(self, worker: WorkerProcess, path: Path, workdir: Path, outcome: Outcome,
-                        deadline: Deadline) -> bool:
-        reply = worker.request(self._load_request("ModelNew", path, workdir), deadline.left())
+    def _load_candidate(self, worker: WorkerProcess, path: Path, workdir: Path, compiled: Compiled,
+                        outcome: Outcome, deadline: Deadline) -> bool:
+        with build_lock(compiled.build_dir):  # load_inline's own lock file may be stale (see build_lock)
+            reply = worker.request(self._load_request("ModelNew", path, workdir), deadline.left())
         if not reply.ok:
             outcome.status, outcome.error = reply.error_kind or "load_error", reply.error
             return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -248,3 +249,21 @@ def test_identical_sources_are_judged_once(build_cache, tmp_path):
     assert copy["runtime_ms"] == original["runtime_ms"] and original["duplicate_of"] is None
     logs = tmp_path / "out" / "dedupe" / "logs" / "tiny_linear_relu"
     assert (logs / "a_original.eval.log").exists() and not list(logs.glob("b_copy.*"))
+
+
+def test_a_stale_extension_lock_does_not_hang_the_next_run(build_cache, tmp_path):
+    """A process killed inside `load_inline` leaves its lock file; later imports of that build must not wait on it."""
+    cands = tmp_path / "candidates" / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    shutil.copyfile(FIXTURES / "candidates" / "tiny_linear_relu" / "cpp_honest.py", cands / "cpp_honest.py")
+    args = ("run", "--device", "cpu", "--problems", str(FIXTURES / "problems"), "--candidates",
+            str(tmp_path / "candidates"), "--trials", "1", "--no-compile-baseline", "--timeout", "30",
+            "--out", str(tmp_path / "out"))
+    kbeval(*args, "--run-id", "first", cache=build_cache)
+    sha = hashlib.sha256((cands / "cpp_honest.py").read_bytes()).hexdigest()
+    ext_dirs = [p for p in build_cache.glob(f"builds/{sha[:24]}-*-cpu/ext/*") if p.is_dir()]
+    assert ext_dirs
+    for ext in ext_dirs:
+        (ext / "lock").write_text("")  # as left by a worker SIGKILLed while it held torch's FileBaton
+    kbeval(*args, "--run-id", "second", cache=build_cache)
+    assert read_verdicts(tmp_path / "out" / "second")["cpp_honest"]["status"] == "ok"
