@@ -102,6 +102,7 @@ class Timing(BaseModel):
     speedup_ci: tuple[float, float] | None = None
     blocks: int
     checked_calls: int
+    attempts: int = 1  # 2 when a first measurement's clocks disagreed and it was measured again
     rse: float
     ref_rse: float
     wall_ms_per_call: float  # the harness's own clock, outside the candidate's reach

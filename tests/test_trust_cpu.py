@@ -207,6 +207,7 @@ def test_slowed_clock_is_caught(attack_run):
     v = read_verdicts(attack_run.run_dir)["slow_clock"]
     assert v["status"] == "suspicious", (v["status"], v["error"])
     assert "clock" in (v["error"] or "").lower(), v["error"]
+    assert v["timing"]["attempts"] == 2  # measured again before it was called suspicious, and caught again
 
 
 def test_honest_candidates_are_ok_and_not_suspicious(attack_run):
