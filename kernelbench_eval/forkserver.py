@@ -476,6 +476,9 @@ def serve_forever(socket_path: str, parent: int) -> None:
     try:
         server.run()
     finally:
+        # The harness's death closes our lifeline (EOF) before the kernel sends PR_SET_PDEATHSIG: a SIGTERM
+        # landing in here would cut the cleanup short and leave the private directory behind.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.shutdown()
         with contextlib.suppress(OSError):
             os.unlink(socket_path)
