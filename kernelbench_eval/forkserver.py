@@ -58,6 +58,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kernelbench_eval.linux import die_with_parent, keep_memory_private
+
 TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
 TOKEN_LENGTH = 32  # secrets.token_hex(16)
 TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
@@ -70,8 +72,6 @@ READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy
 REPLY_TIMEOUT = 30.0  # seconds for a server to answer a spawn request
 MAX_STARTS = 3  # servers started per base environment; past that, its workers start cold
 MAX_REQUEST_BYTES = 1 << 20
-PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 _STAT_ENV_START = 47  # env_start, field 50 of /proc/<pid>/stat, counted from field 3 (after the command name)
 
 
@@ -427,13 +427,6 @@ def _peer_pid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[0]
 
 
-def _prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def _token_address() -> int | None:
     """Where this process's exec'd environment holds the placeholder token (what /proc/<pid>/environ shows)."""
     fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
@@ -450,10 +443,10 @@ def _open_fds() -> list[int]:
 def serve_forever(socket_path: str, parent: int) -> None:
     """The server's life: die with the harness, import, listen, say ready, fork on request."""
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so the cleanup below runs (children die either way)
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the harness died before the line above took effect
         return
-    _prctl(PR_SET_DUMPABLE, 0)  # candidates (same user) cannot write into this process's memory
+    keep_memory_private()  # candidates (same user) cannot write into this process's memory
     try:
         import torch  # noqa: F401  (the point of the server: imported once, before any fork)
 
@@ -510,14 +503,14 @@ def _become_worker(server: _Server, conn: socket.socket, fds: list[int], env: di
                    started_fd: int) -> int:
     """The state a cold `python -m kernelbench_eval.worker` starts in; the reply pipe's fd."""
     os.setsid()  # its own session and group: killpg reaches all it starts
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != server.pid:  # the server died before the line above took effect
         os._exit(1)
     os.write(started_fd, b"started\n")
     os.close(started_fd)
     server.close_in_child(conn)
     reply_fd = _install_fds(fds, keep=server.import_fds)
-    _prctl(PR_SET_DUMPABLE, 1)  # as after exec: the harness reads its /proc files (environ, CPU time)
+    keep_memory_private(False)  # as after exec: the harness reads its /proc files (environ, CPU time)
     os.chdir(cwd)
     _apply_env(env)
     _fresh_interpreter_state()

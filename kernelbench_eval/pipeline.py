@@ -27,8 +27,8 @@ from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled
 from kernelbench_eval.discover import Candidate, Discovery, discover
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LocalBackend
+from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import RunManifest, RunSettings, Verdict
-from kernelbench_eval.process import keep_memory_private
 from kernelbench_eval.record import RunRecorder
 
 

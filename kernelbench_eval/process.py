@@ -197,14 +197,3 @@ def _kill_marked(token: str) -> None:
         except OSError:
             continue
 
-
-def keep_memory_private() -> None:
-    """Make this (harness) process non-dumpable: other processes of the same non-root user, candidates
-    included, can then no longer read its memory through /proc/<pid>/mem or map_files, where expected
-    outputs live."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
-    except (OSError, AttributeError):
-        pass

@@ -21,7 +21,8 @@ import ray
 from kernelbench_eval.compile import Compiled, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
 from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneHandle, LaneResult, LaneSpec
-from kernelbench_eval.process import keep_memory_private
+from kernelbench_eval.linux import keep_memory_private
+from kernelbench_eval.process import PACKAGE_ROOT
 
 
 @ray.remote(num_cpus=1)
@@ -70,7 +71,7 @@ class RayBackend:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:  # address None starts a local instance; "auto" or ray://... joins a cluster
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": _package_root()}})
+                     runtime_env={"env_vars": {"PYTHONPATH": str(PACKAGE_ROOT)}})
 
     def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled:
         return ray.get(_compile_task.remote(cand, device, cache_dir, log, timeout))
@@ -93,6 +94,3 @@ class RayBackend:
         if self._owns_ray:
             ray.shutdown()
 
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbench_eval import timing  # noqa: F401  (binds the clocks before candidate code is imported)
+from kernelbench_eval.linux import die_with_parent
 from kernelbench_eval.models import TensorMeta, WorkerReply, WorkerRequest
 
 _BUILD_FAILURE = "Error building extension"
@@ -275,19 +276,8 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker if the harness dies (even by SIGKILL), so no candidate outlives it."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> None:
-    _die_with_parent()
+    die_with_parent()  # no candidate outlives the harness, even one SIGKILLed
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
     serve(parser.parse_args().reply_fd)
