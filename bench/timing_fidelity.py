@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import csv
 import hashlib
 import importlib.util
@@ -358,9 +357,9 @@ def measure_with_runs(bench: Bench) -> None:
 
 def measure_in_session(bench: Bench) -> None:
     """(a) inside one harness session per kernel: the candidate is compiled, checked and timed as `kbeval run`
-    does it (ProblemSession.judge), and the timing stage (`ProblemSession._time`: interleaved lanes, stopping
-    rule, timed-call checks) is repeated on the same worker pair. Ten separate runs would spend most of their
-    time starting workers (three a candidate), which is why this is the default."""
+    does it (`judge.CandidateRun`: start, trials), and the timing stage (`judge.timed.time_candidate`:
+    interleaved lanes, stopping rule, timed-call checks) is repeated on the same workers. Ten separate runs
+    would spend most of their time starting workers, which is why this is the default."""
     import torch
 
     args, kernels, results, root = bench.args, bench.kernels, bench.results, bench.root
@@ -370,27 +369,28 @@ def measure_in_session(bench: Bench) -> None:
     from kernelbench_eval.baselines import BaselineStore
     from kernelbench_eval.compile import compile_candidate
     from kernelbench_eval.discover import discover
-    from kernelbench_eval.evaluate import ProblemSession, Secrets
+    from kernelbench_eval.judge import ReferenceSide, Secrets
+    from kernelbench_eval.judge.candidate import CandidateRun
+    from kernelbench_eval.judge.timed import time_candidate
     from kernelbench_eval.measure import Deadline
     from kernelbench_eval.models import RunSettings
 
     repeats = args.repeats
 
-    class RepeatingSession(ProblemSession):
-        """judge() unchanged, except that its timing stage runs `repeats` times; every repeat is kept."""
-
-        done: list[tuple[Any, float]]
-
-        def _time(self, worker: Any, workdir: Path, outcome: Any, deadline: Any) -> None:
-            self.done = []
-            for i in range(repeats):
-                trial = outcome if i == repeats - 1 else copy.copy(outcome)
-                started = time.monotonic()
-                super()._time(worker, workdir, trial, Deadline(self.timeout))
-                self.done.append((trial, time.monotonic() - started))
-                if trial.status not in ("ok", "suspicious"):
-                    outcome.status, outcome.error = trial.status, trial.error
-                    return
+    def judge_repeating(ref: Any, compiled: Any, path: Path, log: Path) -> tuple[Any, list[tuple[Any, float]]]:
+        """`judge`, except that its timing stage runs `repeats` times; every repeat's findings are kept."""
+        done: list[tuple[Any, float]] = []
+        with CandidateRun(ref, compiled, path, log, args.timeout * repeats) as run:
+            if run.start() and run.check_trials():
+                base = run.findings.model_copy(deep=True)
+                for _ in range(repeats):
+                    run.findings, run.deadline = base.model_copy(deep=True), Deadline(args.timeout)
+                    started = time.monotonic()
+                    time_candidate(run)
+                    done.append((run.findings, time.monotonic() - started))
+                    if run.findings.status not in ("ok", "suspicious"):
+                        break
+            return run.findings, done
 
     dims = {k: v for kern in kernels for k, v in kern.dims.items()}
     threads = torch.get_num_threads() if args.device == "cpu" else None
@@ -417,18 +417,17 @@ def measure_in_session(bench: Bench) -> None:
             continue
         with bench.phase(f"{k.name}: judge, timing stage x{repeats}"):
             log = logs / f"{k.name}.eval.log"
-            session = RepeatingSession(found.problems[k.problem_id], settings, Secrets.draw(settings.trials), log,
-                                       args.timeout, args.timeout, BaselineStore(root / "baselines.json")).open()
+            session = ReferenceSide(found.problems[k.problem_id], settings, Secrets.draw(settings.trials), log,
+                                    args.timeout, args.timeout, BaselineStore(root / "baselines.json")).open()
             try:
                 if session.error:
                     res.problems.append(f"reference: {session.error}")
                     continue
                 started = time.monotonic()
-                outcome = session.judge(compiled, cand.path, log, args.timeout)
+                outcome, done = judge_repeating(session, compiled, cand.path, log)
                 wall = time.monotonic() - started
             finally:
                 session.close()
-        done = getattr(session, "done", [])
         if not done:
             res.problems.append(f"judge: {outcome.status}: {outcome.error}")
         extra = sum(t for _, t in done[1:])  # judge's wall time, less the repeats it would not have made

@@ -1,7 +1,8 @@
 """Stage 3 (the judging half): compare a candidate's outputs with the reference's, in the harness.
 
-This runs in the harness's own process on CPU copies, so nothing the candidate does in its process can
-touch the expected values or the comparison itself.
+This runs in the checker (the reference's worker), on the device the outputs were computed on, reading the
+candidate's outputs from the exchange buffer: nothing the candidate does in its own process can touch the
+expected values or the comparison itself.
 """
 
 from __future__ import annotations
@@ -61,15 +62,17 @@ def _fmt(value: object) -> str:
     return str(tuple(value)) if isinstance(value, list) else str(value)
 
 
-_CHUNK = 1 << 24  # elements compared at a time: bounded memory for outputs of a gigabyte or more
+_CHUNK = 1 << 24  # elements compared at a time on the CPU: bounded memory for outputs of a gigabyte or more
+_GPU_CHUNK = 1 << 26  # on a GPU, fewer and larger chunks: each costs one host synchronisation
 
 
 def _compare_values(exp: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> TrialCheck:
     """NaN/Inf parity before tolerance, in float64 chunks; the worst element is located for the message."""
     flat_exp, flat_out = exp.reshape(-1), out.reshape(-1)
     tally = _Tally()
-    for start in range(0, flat_exp.numel(), _CHUNK):
-        tally.add(start, _wide(flat_exp[start:start + _CHUNK]), _wide(flat_out[start:start + _CHUNK]), atol, rtol)
+    chunk = _GPU_CHUNK if exp.is_cuda else _CHUNK
+    for start in range(0, flat_exp.numel(), chunk):
+        tally.add(start, _wide(flat_exp[start:start + chunk]), _wide(flat_out[start:start + chunk]), atol, rtol)
     for count, first, what in ((tally.nan, tally.first_nan, "NaN"), (tally.inf, tally.first_inf, "Inf")):
         if count:
             where = _index(first, exp.shape)
@@ -106,13 +109,18 @@ class _Tally:
     def add(self, start: int, exp: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> None:
         diff = (out - exp).abs_()
         chunk_max, where = diff.max(dim=0)  # NaN propagates, so a finite max means an all-finite chunk
-        if not math.isfinite(float(chunk_max)):
+        bad = (diff > exp.abs().mul_(rtol).add_(atol)).sum()
+        total = diff.sum(dtype=torch.float64)
+        # one transfer (one synchronisation) for the chunk's four numbers
+        chunk_max_f, where_i, bad_i, total_f = torch.stack(
+            [chunk_max.double(), where.double(), bad.double(), total]).tolist()
+        if not math.isfinite(chunk_max_f):
             self._add_special(start, exp.double(), out.double(), atol, rtol)
             return
-        self.bad += int((diff > exp.abs().mul_(rtol).add_(atol)).sum())
-        self.sum_diff += float(diff.sum(dtype=torch.float64))
-        if start == 0 or float(chunk_max) > self.max_diff:
-            self.max_diff, self.worst = float(chunk_max), start + int(where)
+        self.bad += int(bad_i)
+        self.sum_diff += total_f
+        if start == 0 or chunk_max_f > self.max_diff:
+            self.max_diff, self.worst = chunk_max_f, start + int(where_i)
 
     def _add_special(self, start: int, exp: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> None:
         """The slow, exact path for chunks holding NaN or Inf on either side."""
@@ -161,37 +169,3 @@ def degenerate_outputs(expected: list[torch.Tensor], atol: float, rtol: float) -
                         f"{float(finite.mean()):.3g}, std {float(finite.std()) if finite.numel() > 1 else 0.0:.3g}, "
                         f"min {float(finite.min()):.3g}, max {float(finite.max()):.3g}")
     return None
-
-
-Fingerprint = tuple[float, float]  # (sum, sum of magnitudes) of one output, in float64
-
-
-def compare_fingerprints(expected: list[list[Fingerprint]], got: list[list[Fingerprint]], numels: list[int],
-                         atol: float, rtol: float) -> str | None:
-    """The first timed call whose output cannot be within tolerance of the reference's, or None.
-
-    If every element satisfies |got - exp| <= atol + rtol * |exp|, then both the sums and the sums of
-    magnitudes differ by at most numel * atol + rtol * sum|exp|: a necessary condition, so an honest
-    candidate always passes it, while garbage or a stale answer almost never does.
-    """
-    if len(got) != len(expected):
-        return f"reported {len(got)} timed calls, expected {len(expected)}"
-    for call, (exp_call, got_call) in enumerate(zip(expected, got, strict=True)):
-        if len(got_call) != len(exp_call):
-            return f"timed call {call}: {len(got_call)} outputs, expected {len(exp_call)}"
-        for i, ((exp_sum, exp_abs), (got_sum, got_abs), numel) in enumerate(zip(exp_call, got_call, numels,
-                                                                                  strict=False)):
-            if not (math.isfinite(exp_sum) and math.isfinite(exp_abs)):
-                continue  # the reference itself has NaN/Inf: only the full comparisons judge this call
-            bound = numel * atol + rtol * exp_abs + 1e-9 * exp_abs
-            if not (abs(got_sum - exp_sum) <= bound and abs(got_abs - exp_abs) <= bound):
-                label = f" output {i}" if len(exp_call) > 1 else ""
-                return (f"timed call {call}{label}: sum {got_sum:.6g} (|x| sum {got_abs:.6g}) cannot be within "
-                        f"tolerance of the reference's {exp_sum:.6g} ({exp_abs:.6g})")
-    return None
-
-
-def same_fingerprint(reported: Fingerprint, actual: Fingerprint) -> bool:
-    """Whether a dumped output is the one that was fingerprinted when it was timed (summation order aside)."""
-    return all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
-               for a, b in zip(reported, actual, strict=True))

@@ -21,8 +21,8 @@ from rich.table import Table
 from kernelbench_eval.compare import changes_table, compare_runs
 from kernelbench_eval.discover import Discovery, Problem, discover, find_problems, make_candidate, sha256_file
 from kernelbench_eval.display import print_verdict_detail, status_counts, verdict_table
-from kernelbench_eval.evaluate import describe_problem
 from kernelbench_eval.gate import BASELINES, GateUsageError, check_gate
+from kernelbench_eval.judge import describe_problem
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
 from kernelbench_eval.report import FORMATS, fast_p_text, load_run, render, write_default_reports

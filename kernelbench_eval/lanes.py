@@ -19,8 +19,8 @@ import torch
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
-from kernelbench_eval.evaluate import Outcome, ProblemSession, Secrets
-from kernelbench_eval.models import RunSettings
+from kernelbench_eval.judge import ReferenceSide, Secrets, judge
+from kernelbench_eval.models import Findings, RunSettings
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class LaneConfig:
 
 @dataclass
 class LaneResult:
-    fields: dict  # Verdict fields
+    findings: Findings
     warning: str | None = None  # about the problem, from its reference
     baseline_key: str | None = None  # the baselines.json entry used
 
@@ -66,63 +66,33 @@ class EvalLane:
         self.spec, self.config = spec, config
         self.store = BaselineStore(config.baselines)
         self.seeds = Secrets.draw(config.settings.trials)
-        self.session: ProblemSession | None = None
+        self.ref: ReferenceSide | None = None
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
-        """The verdict fields of one compiled candidate, judged on this lane's device."""
-        opened = self._session_for(problem, ref_log)
-        ref = self.session
+        """The findings on one compiled candidate, judged on this lane's device."""
+        opened = self._reference_for(problem, ref_log)
+        ref = self.ref
         assert ref is not None
         if ref.error:
-            return LaneResult({"status": "skipped", "error": ref.error, "lane": self.spec.label})
-        outcome = ref.judge(compiled, path, log, self.config.timeout)
-        return LaneResult(outcome_fields(outcome, ref) | {"lane": self.spec.label},
-                          ref.warning if opened else None, ref.baseline_key)
+            return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
+        findings = judge(ref, compiled, path, log, self.config.timeout)
+        findings.lane = self.spec.label
+        return LaneResult(findings, ref.warning if opened else None, ref.baseline_key)
 
-    def _session_for(self, problem: Problem, ref_log: Path) -> bool:
-        """Open `problem`'s reference unless it is the one open; True when it was opened now."""
-        if self.session and self.session.problem == problem:
+    def _reference_for(self, problem: Problem, ref_log: Path) -> bool:
+        """Open `problem`'s reference unless it is the one open (and sound); True when it was opened now."""
+        if self.ref and self.ref.problem == problem and not self.ref.broken:
             return False
         self.close()
         cfg = self.config
-        self.session = ProblemSession(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
-                                      self.store, dict(self.spec.env)).open()
+        self.ref = ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
+                                 self.store, dict(self.spec.env)).open()
         return True
 
     def close(self) -> None:
-        if self.session:
-            self.session.close()
-            self.session = None
-
-
-def outcome_fields(outcome: Outcome, ref: ProblemSession) -> dict:
-    timing = outcome.timing
-    fields = {
-        "status": outcome.status,
-        "error": outcome.error,
-        "trials_passed": outcome.trials_passed,
-        "mutates_inputs": outcome.mutates_inputs,
-        "max_abs_diff": outcome.max_abs_diff,
-        "mean_abs_diff": outcome.mean_abs_diff,
-        "device_name": outcome.device_name or ref.device_name,
-        "problem_warning": ref.warning,
-        "timing": timing,
-        "ref_runtime_ms": timing.reference.median_ms if timing else None,
-        "ref_runtime_stats": timing.reference if timing else None,
-        "compile_runtime_ms": ref.baseline.compiled.median_ms if ref.baseline and ref.baseline.compiled else None,
-    }
-    if outcome.status in ("ok", "suspicious") and timing and outcome.runtime_ms is not None:
-        fields.update(
-            correct=True,
-            runtime_ms=outcome.runtime_ms,
-            runtime_stats=outcome.stats,
-            speedup=timing.speedup,
-            speedup_vs_eager=timing.speedup,
-            speedup_vs_eager_ci=timing.speedup_ci,
-            speedup_vs_compile=outcome.speedup_vs_compile,
-            speedup_vs_compile_ci=outcome.speedup_vs_compile_ci,
-        )
-    return fields
+        if self.ref:
+            self.ref.close()
+            self.ref = None
 
 
 class LaneHandle(Protocol):

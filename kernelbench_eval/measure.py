@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelbench_eval.models import RunSettings, WorkerReply, WorkerRequest
+from kernelbench_eval.models import RunSettings, Slot, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerProcess
 from kernelbench_eval.stats import rse_of_median
 
@@ -28,23 +28,19 @@ KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it 
 SCALE_RANGE = (0.75, 1.25)
 
 
-class LaneError(Exception):
-    """A lane's worker answered with an error (the candidate raised while being timed)."""
-
-    def __init__(self, reply: WorkerReply) -> None:
-        super().__init__(reply.error or "failed")
-        self.kind = reply.error_kind or "runtime_error"
-
-
 @dataclass
 class Lane:
     worker: WorkerProcess
+    model: str = "main"  # which of the worker's models this lane times ("compiled": the torch.compile baseline)
+    # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
+    # (so computing them only then is caught by the clock check), the reference does the same copies.
+    follow: Callable[[list[Call]], None] | None = None
+    layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
     event_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)
     wall_ms: float = 0.0
     block_gaps: list[float] = field(default_factory=list)  # per block: wall per call minus reported per call
     graph_error: str | None = None
-    last: WorkerReply | None = None  # the latest block's reply (per-call fingerprints for the checks)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
 
     def cores_used(self) -> float:
@@ -68,7 +64,6 @@ class Lane:
         if reply.device_ms:
             self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
         self.graph_error = self.graph_error or reply.graph_error
-        self.last = reply
 
     def device_tail(self) -> float:
         return statistics.median(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True))
@@ -95,24 +90,28 @@ def block_calls(output_bytes: int) -> int:
     return max(1, min(BLOCK_CALLS, KEPT_BYTES // max(output_bytes, 1)))
 
 
-def measure(lanes: list[Lane], input_files: list[str], settings: RunSettings, deadline: Deadline,
+def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, deadline: Deadline,
             calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
             ) -> Measurement:
     """Time every lane, block by block in alternating order, until the stopping rule is met."""
     rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
     for lane in lanes:
-        _request(lane, WorkerRequest(op="time", inputs_files=input_files, warmup=max(settings.warmup, 1),
-                                     warmup_seconds=settings.warmup_seconds, graph=settings.cuda_graph), deadline)
+        _request(lane, WorkerRequest(op="time", input_sets=input_sets, model=lane.model,
+                                     warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
+                                     graph=settings.cuda_graph), deadline)
     started = time.monotonic()
     blocks, schedule = 0, []
     while True:
-        schedule = [(rng.randrange(len(input_files)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
+        schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
         for lane in lanes if blocks % 2 == 0 else lanes[::-1]:
-            req = WorkerRequest(op="time", inputs_files=input_files, schedule=schedule, graph=settings.cuda_graph)
+            req = WorkerRequest(op="time", input_sets=input_sets, model=lane.model, schedule=schedule,
+                                graph=settings.cuda_graph, layout=lane.layout)
             cpu_before = process_cpu_ms(lane.worker)
             begun = time.perf_counter_ns()
             reply = _request(lane, req, deadline)
+            if lane.follow:
+                lane.follow(schedule)
             lane.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
             lane.cpu_ms += process_cpu_ms(lane.worker) - cpu_before
         if after_block:
@@ -132,10 +131,7 @@ def _done(lanes: list[Lane], settings: RunSettings, elapsed: float) -> bool:
 
 
 def _request(lane: Lane, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
-    reply = lane.worker.request(req, deadline.left())
-    if not reply.ok:
-        raise LaneError(reply)
-    return reply
+    return lane.worker.call(req, deadline.left())
 
 
 def process_cpu_ms(worker: WorkerProcess) -> float:

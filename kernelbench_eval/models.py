@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -116,6 +116,10 @@ class Timing(BaseModel):
     graph_error: str | None = None
     floor_ms: float | None = None  # input bytes over peak memory bandwidth
     seconds: float = 0.0
+    # where one candidate's evaluation spent its wall time: spawn, load, trials, timing, checks (seconds)
+    phases: dict[str, float] = Field(default_factory=dict)
+    device_busy: float | None = None  # share of the timing stage's wall time the timed calls kept the device busy
+    exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
 
 
 class Baseline(BaseModel):
@@ -158,17 +162,13 @@ class RunManifest(BaseModel):
     created_at: str
 
 
-class Verdict(BaseModel):
-    """One line of `verdicts.jsonl`: the judgement of one candidate under one set of settings."""
+class Findings(BaseModel):
+    """What judging settles about one candidate: every field of its verdict but who, where and when.
 
-    run_id: str
-    problem: str
-    candidate: str
-    source_sha256: str
-    settings_key: str
-    device: Device
-    device_name: str | None = None
-    torch_version: str
+    One typed path from a candidate's evaluation (or its failed build, or the static checks) to its
+    `Verdict`, which extends this with the run's identifiers.
+    """
+
     status: Status
     compiled: bool = False
     compile_cached: bool = False
@@ -190,13 +190,35 @@ class Verdict(BaseModel):
     duplicate_of: str | None = None  # same bytes as this candidate of the same problem: judged once, reused
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
-    trials: int = 0
     trials_passed: int = 0
     mutates_inputs: bool = False  # it changed its inputs in place (judged on the untouched reference anyway)
+    device_name: str | None = None
     error: str | None = None
+
+    def disqualify(self, status: Status, error: str) -> None:
+        """A candidate found out after the fact (say, tampering): no time, no speedup."""
+        self.status, self.error, self.correct, self.runtime_ms = status, error, False, -1.0
+        self.speedup = self.speedup_vs_eager = self.speedup_vs_compile = None
+        self.speedup_vs_eager_ci = self.speedup_vs_compile_ci = None
+
+
+class Verdict(Findings):
+    """One line of `verdicts.jsonl`: the judgement of one candidate under one set of settings."""
+
+    run_id: str
+    problem: str
+    candidate: str
+    source_sha256: str
+    settings_key: str
+    device: Device
+    torch_version: str
+    trials: int = 0
     log: str | None = None
     wall_seconds: float = 0.0
     finished_at: str = ""
+
+    def findings(self) -> Findings:
+        return Findings.model_validate(self.model_dump(include=set(Findings.model_fields)))
 
 
 class CompileRecord(BaseModel):
@@ -223,34 +245,74 @@ class TensorMeta(BaseModel):
     shape: list[int] | None = None
 
 
+class Slot(BaseModel):
+    """Where one tensor lies in an exchange buffer (offset, dtype, shape), or a plain value passed as is."""
+
+    offset: int = 0
+    dtype: str | None = None  # None: not a tensor, `value` holds it
+    shape: list[int] = Field(default_factory=list)
+    value: Any = None
+
+
+class ExchangeInfo(BaseModel):
+    """How a candidate reaches the buffer the checker lends it: a CUDA IPC handle (hex) or a shared file."""
+
+    kind: Literal["cuda_ipc", "shm"]
+    handle: str
+    size: int = Field(ge=0)
+
+
+class CheckResult(BaseModel):
+    """One comparison of a candidate's outputs with the reference's, made in the checker."""
+
+    passed: bool
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    error: str | None = None
+
+
 class WorkerRequest(BaseModel):
     """A command sent to a worker on its stdin, one JSON object a line."""
 
-    op: Literal["import", "load", "prepare", "run", "time", "dump", "exit"]
-    # load (candidate role): module file and class to build; prepare (reference role): problem file
+    op: Literal["import", "load", "prepare", "expect", "open_exchange", "close_exchange", "put", "attach", "take",
+                "run", "compare", "time", "export", "compare_timed", "exit"]
+    # load: module file and class to build (`model` names it in the worker: "main", or "compiled" for the
+    # torch.compile baseline); prepare (reference): problem file, one input set per seed
     path: str | None = None
     class_name: str | None = None
+    model: str = "main"
     init_file: str | None = None
     init_seed: int | None = None
     device: Device | None = None
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
     compile_mode: str | None = None  # load: wrap the model in torch.compile (the compile baseline)
-    # prepare: one input set per seed (trials) and per timing seed, written to inputs_dir
     trial_seeds: list[int] = Field(default_factory=list)
     timing_seeds: list[int] = Field(default_factory=list)
-    inputs_dir: str | None = None
-    # run: one call; `sentinel` fills the free memory with this byte first
-    inputs_file: str | None = None
-    output_file: str | None = None
+    inputs_dir: str | None = None  # prepare: where init.pt goes (inputs stay in the worker's memory)
+    # exchange: its size and where a shared file may go; put/take: an input set's name and its slots
+    size: int = 0
+    shm_dir: str | None = None
+    exchange: ExchangeInfo | None = None
+    name: str | None = None
+    slots: list[Slot] = Field(default_factory=list)
+    # run (candidate): the set to run on, the slots its outputs go to; `sentinel` fills free memory first
     sentinel: int | None = None
-    # time: one call per (base set, scale) of `schedule` on rotating inputs; dump: save call `index`
-    inputs_files: list[str] = Field(default_factory=list)
-    schedule: list[tuple[int, float, int]] = Field(default_factory=list)  # (base set, scale, noise seed)
+    atol: float = 0.0  # expect: the tolerances every later comparison uses
+    rtol: float = 0.0
+    # compare (checker): which trial, what the candidate said of its outputs, where they lie
+    trial: int = 0
+    outputs: list[TensorMeta] = Field(default_factory=list)
+    # time: one call per (base set, scale, seed) of `schedule` on rotating inputs from `input_sets`
+    input_sets: list[str] = Field(default_factory=list)
+    schedule: list[tuple[int, float, int]] = Field(default_factory=list)
     warmup: int = 0
     warmup_seconds: float = 0.0
     graph: bool = False
-    index: int = 0
+    # export (candidate) / compare_timed (checker): calls of the last block, and their slots
+    calls: list[int] = Field(default_factory=list)
+    layout: list[list[Slot]] = Field(default_factory=list)
+    metas: list[list[TensorMeta]] = Field(default_factory=list)
 
 
 class WorkerReply(BaseModel):
@@ -260,9 +322,14 @@ class WorkerReply(BaseModel):
     error_kind: Literal["load_error", "runtime_error", "compile_error"] | None = None
     error: str | None = None
     outputs: list[TensorMeta] = Field(default_factory=list)
+    expected: list[list[TensorMeta]] = Field(default_factory=list)  # expect: per trial, the reference's outputs
+    metas: list[list[TensorMeta]] = Field(default_factory=list)  # export: per call, the candidate's outputs
+    slots: list[Slot] = Field(default_factory=list)
+    exchange: ExchangeInfo | None = None
+    check: CheckResult | None = None
+    warning: str | None = None
     samples_ms: list[float] = Field(default_factory=list)
     device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
-    fingerprints: list[list[tuple[float, float]]] = Field(default_factory=list)  # per call, per output
     graph_error: str | None = None
     launch_error: str | None = None
     mutated_inputs: bool = False

@@ -28,7 +28,7 @@ from kernelbench_eval.compile import Compiled
 from kernelbench_eval.discover import Candidate, Discovery, discover
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
-from kernelbench_eval.models import RunManifest, RunSettings, Verdict
+from kernelbench_eval.models import Findings, RunManifest, RunSettings, Verdict
 from kernelbench_eval.record import RunRecorder
 
 
@@ -154,7 +154,6 @@ class Backend(Protocol):
 class _Built:
     compiled: Compiled
     seconds: float  # this run's compile wall time
-    base: dict  # the verdict fields the compile settles
 
 
 class _Session:
@@ -181,15 +180,14 @@ class _Session:
         verdict = self.judged.get((original.problem_id, original.candidate_id))
         if verdict is None:
             return  # the original was not judged (the run stopped): the copy is judged on resume
-        fields = verdict.model_dump(exclude={"run_id", "problem", "candidate", "source_sha256", "settings_key",
-                                             "device", "torch_version", "trials", "log", "wall_seconds",
-                                             "finished_at", "duplicate_of"})
-        self._record(copy, 0.0, duplicate_of=original.candidate_id, **fields)
+        findings = verdict.findings()
+        findings.duplicate_of = original.candidate_id
+        self._record(copy, 0.0, findings)
 
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
         """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
         jobs = max(1, self.opts.jobs)
-        os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // jobs)))  # ninja inside each build
+        os.environ.setdefault("MAX_JOBS", str(build_parallelism(jobs, len(runnable))))  # ninja inside each build
         config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.timeout,
                             self.opts.compile_timeout)
         lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)
@@ -202,10 +200,10 @@ class _Session:
 
     def _judged_statically(self, cand: Candidate) -> bool:
         if cand.invalid:
-            self._record(cand, 0.0, status="load_error", error=cand.invalid)
+            self._record(cand, 0.0, Findings(status="load_error", error=cand.invalid))
         elif cand.devices is not None and self.device not in cand.devices:
             why = f"needs {'/'.join(cand.devices)}, this run is on {self.device}"
-            self._record(cand, 0.0, status="skipped", error=why)
+            self._record(cand, 0.0, Findings(status="skipped", error=why))
         else:
             return False
         return True
@@ -217,12 +215,10 @@ class _Session:
         with self.activity:
             compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
         seconds = time.perf_counter() - started
-        base = {"compiled": compiled.record.ok, "compile_cached": compiled.cached,
-                "compile_seconds": round(seconds, 3)}  # this run's cost: near zero when cached
         if compiled.record.ok:
-            return _Built(compiled, seconds, base)
-        self._record(cand, seconds, status=compiled.record.status or "compile_error", error=compiled.record.error,
-                     log=log, **base)
+            return _Built(compiled, seconds)
+        findings = Findings(status=compiled.record.status or "compile_error", error=compiled.record.error)
+        self._record(cand, seconds, _with_build(findings, compiled, seconds), log=log)
         return None
 
     def _evaluate(self, lane: LaneHandle, cand: Candidate, built: _Built) -> None:
@@ -233,16 +229,16 @@ class _Session:
             self._check_tampering(None)  # what happened before this candidate ran is not its doing
             alone = self.activity.snapshot()
             result = lane.evaluate(self.found.problems[cand.problem_id], cand.path, built.compiled, ref_log, log)
-            fields = result.fields
+            findings = result.findings
             if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
-                fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None,
-                              speedup_vs_eager=None, speedup_vs_compile=None, error="cheating detected: it "
-                              "altered the run's verdicts.jsonl while it ran (restored; no verdict changed)")
+                findings.disqualify("incorrect", "cheating detected: it altered the run's verdicts.jsonl while it "
+                                    "ran (restored; no verdict changed)")
         if result.warning:
             self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {result.warning}")
         if result.baseline_key:
             self.store.adopt(result.baseline_key)
-        self._record(cand, built.seconds + time.perf_counter() - started, log=log, **built.base, **fields)
+        self._record(cand, built.seconds + time.perf_counter() - started,
+                     _with_build(findings, built.compiled, built.seconds), log=log)
 
     def _check_tampering(self, culprit: Candidate | None) -> bool:
         """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
@@ -254,11 +250,11 @@ class _Session:
             return False
         return True
 
-    def _record(self, cand: Candidate, seconds: float, log: Path | None = None, **fields) -> None:
+    def _record(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None = None) -> None:
         with self._record_lock:  # lanes and compile threads record concurrently
-            self._record_locked(cand, seconds, log, **fields)
+            self._record_locked(cand, seconds, findings, log)
 
-    def _record_locked(self, cand: Candidate, seconds: float, log: Path | None, **fields) -> None:
+    def _record_locked(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None) -> None:
         rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None
         verdict = Verdict(
             run_id=self.manifest.run_id,
@@ -272,11 +268,25 @@ class _Session:
             log=rel_log,
             wall_seconds=round(seconds, 3),
             finished_at=_now(),
-            **fields,
+            **findings.model_dump(),
         )
         self.recorder.append(verdict)
         self.judged[(verdict.problem, verdict.candidate)] = verdict
         self.listen(verdict)
+
+
+def build_parallelism(jobs: int, builds: int) -> int:
+    """ninja's jobs inside one build: the cores not taken by other builds, at least 2 (a CUDA build has two
+    translation units, main.cpp and cuda.cu, that should compile side by side, not one after the other)."""
+    at_once = max(1, min(jobs, builds))
+    return max(2, (os.cpu_count() or 1) // at_once)
+
+
+def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findings:
+    """What the build settles, added to the findings: this run's compile cost (near zero when cached)."""
+    findings.compiled, findings.compile_cached = compiled.record.ok, compiled.cached
+    findings.compile_seconds = round(seconds, 3)
+    return findings
 
 
 def _first_of_each_source(candidates: list[Candidate]) -> tuple[list[Candidate], list[tuple[Candidate, Candidate]]]:

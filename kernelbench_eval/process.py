@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kernelbench_eval import forkserver
@@ -30,7 +31,9 @@ KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giv
 
 
 class WorkerFailure(Exception):
-    """The worker could not answer: it timed out, was killed by a signal, or exited without a reply."""
+    """A worker did not do what was asked: it timed out, died, exited without a reply, or answered with an
+    error (`status` is then the reply's kind: load_error, runtime_error, compile_error). The one error type
+    every caller of a worker handles."""
 
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
@@ -105,6 +108,13 @@ class WorkerProcess:
         except ValueError as exc:
             raise WorkerFailure("crashed", f"garbled reply from the worker: {str(exc)[:200]}") from exc
 
+    def call(self, req: WorkerRequest, timeout: float) -> WorkerReply:
+        """`request`, with an error reply raised as a WorkerFailure of the reply's kind."""
+        reply = self.request(req, timeout)
+        if not reply.ok:
+            raise WorkerFailure(reply.error_kind or "runtime_error", reply.error or "failed")
+        return reply
+
     def _read_line(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         limit = self.time_limit or timeout
@@ -134,6 +144,18 @@ class WorkerProcess:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
             return f"killed by signal {name}"
         return f"exited with code {code} without a verdict"
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The worker's whole group stopped (SIGSTOP) while the harness checks what it handed over."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group and every process carrying its token (escaped via setsid)."""

@@ -2,7 +2,8 @@
 
 Started by `process.WorkerProcess` as `python -m kernelbench_eval.worker --reply-fd N`. Requests arrive
 as JSON lines on stdin; replies go to the private pipe N, never to stdout, which (with stderr) is the
-candidate's log. Expected outputs never enter this process: it only writes what the model returned.
+candidate's log. A reference's worker (the checker, `worker_reference`) holds the inputs and expected outputs
+and compares; a candidate's (`worker_candidate`) only ever sees inputs and its own outputs.
 """
 
 from __future__ import annotations
@@ -17,54 +18,40 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval import timing  # noqa: F401  (binds the clocks before candidate code is imported)
+from kernelbench_eval import timing  # binds the clocks before candidate code is imported
+from kernelbench_eval.exchange import Exchange
 from kernelbench_eval.linux import die_with_parent
-from kernelbench_eval.models import TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.models import WorkerReply, WorkerRequest
+from kernelbench_eval.worker_candidate import CandidateOps
+from kernelbench_eval.worker_common import _device_name, _one_line, _torch
+from kernelbench_eval.worker_reference import ReferenceOps
 
 _BUILD_FAILURE = "Error building extension"
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
 
 
-class Worker:
+class Worker(ReferenceOps, CandidateOps):
+    """One model's process: the reference's (the checker) or a candidate's; the ops say which role it plays."""
+
     def __init__(self) -> None:
         self.modules: dict[str, Any] = {}
-        self.model: Any = None
+        self.models: dict[str, Any] = {}
         self.device = "cpu"
+        self.sets: dict[str, list[Any]] = {}  # input sets by name ("trial0", "timing1"), on the model's device
+        self.exchange: Exchange | None = None
         self.rotation: timing.Rotation | None = None
-        self.rotation_files: tuple[str, ...] = ()
+        self.rotation_sets: tuple[str, ...] = ()
         self.kept: list[list[Any]] = []
         self.replay: Any = None
         self.graph_error: str | None = None
 
-    # -- ops -----------------------------------------------------------------------------------------
+    # -- ops both roles use --------------------------------------------------------------------------
 
     def op_import(self, req: WorkerRequest) -> WorkerReply:
         module = self._module(req.path)
         if req.class_name and not isinstance(getattr(module, req.class_name, None), type):
             return WorkerReply(ok=False, error_kind="load_error", error=_missing_class(module, req))
         return WorkerReply(ok=True, torch_version=_torch().__version__)
-
-    def op_prepare(self, req: WorkerRequest) -> WorkerReply:
-        """Reference side: apply size overrides, then write init arguments and one input set per seed."""
-        torch = _torch()
-        module = self._module(req.path)
-        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
-        if missing:
-            return WorkerReply(ok=False, error_kind="load_error", error=f"problem lacks {', '.join(missing)}")
-        for name, value in req.dims.items():
-            if hasattr(module, name):
-                setattr(module, name, value)
-        out_dir = Path(req.inputs_dir)
-        torch.save(list(module.get_init_inputs()), out_dir / "init.pt")
-        named = [(f"inputs_{k}.pt", s) for k, s in enumerate(req.trial_seeds)]
-        named += [(f"timing_{k}.pt", s) for k, s in enumerate(req.timing_seeds)]
-        inputs: list[Any] = []
-        for name, seed in named:
-            torch.manual_seed(seed)
-            inputs = list(module.get_inputs())
-            torch.save(inputs, out_dir / name)
-        return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
-                           input_bytes=sum(_nbytes(x) for x in inputs))
 
     def op_load(self, req: WorkerRequest) -> WorkerReply:
         torch = _torch()
@@ -82,53 +69,33 @@ class Worker:
         except Exception as exc:  # a wrong __init__ signature is the candidate's fault, not a crash
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
         model = model.to(self.device) if hasattr(model, "to") else model
-        self.model = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
+        self.models[req.model] = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
         reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
         if self.device == "cuda":
             reply.memory_bandwidth_gbs = timing.memory_bandwidth_gbs()
             reply.event_overhead_ms = timing.event_overhead_ms()
         return reply
 
-    def op_run(self, req: WorkerRequest) -> WorkerReply:
-        torch = _torch()
-        inputs = self._inputs(req.inputs_file)
-        pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        if req.sentinel is not None:
-            fill_free_memory(self.device, req.sentinel, sum(_nbytes(x) for x in inputs))
-        with torch.no_grad():
-            out = self.model(*inputs)
-            _sync(self.device)
-        launch_error = timing.last_launch_error() if self.device == "cuda" else None
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        metas = [_meta(o) for o in outs]
-        torch.save([o.detach().to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
-        pairs = zip(inputs, pristine, strict=True)
-        mutated = any(isinstance(x, torch.Tensor) and not torch.equal(x, p) for x, p in pairs)
-        return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated, launch_error=launch_error)
-
     def op_time(self, req: WorkerRequest) -> WorkerReply:
-        """One block of timed calls on rotating inputs; every call's outputs are kept for `dump`."""
+        """One block of timed calls on rotating inputs; every call's outputs are kept for the checks."""
         torch = _torch()
-        files = tuple(req.inputs_files)
-        if self.rotation is None or self.rotation_files != files:
-            self.rotation = timing.Rotation([self._inputs(f) for f in files])
-            self.rotation_files = files
+        names = tuple(req.input_sets)
+        if self.rotation is None or self.rotation_sets != names:
+            self.rotation = timing.Rotation([self.sets[n] for n in names])
+            self.rotation_sets = names
+        model = self.models[req.model]
         self.kept = []  # free the last block's copies before this block allocates
         with torch.no_grad():
             if req.warmup:
-                timing.warm_up(self.model, self.rotation, req.warmup, req.warmup_seconds, self.device)
+                timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
             if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
-                self.replay, self.graph_error = timing.capture_graph(self.model, self.rotation)
-            block = timing.time_block(self.model, self.rotation, req.schedule, self.device, self.replay)
+                self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
+            keeper = self.exchange_keeper(req.layout) if req.layout else None
+            block = timing.time_block(model, self.rotation, req.schedule, self.device,
+                                      self.replay if req.model == "main" else None, keeper)
         self.kept = block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
-                           fingerprints=block.fingerprints(), graph_error=self.graph_error)
-
-    def op_dump(self, req: WorkerRequest) -> WorkerReply:
-        torch = _torch()
-        outs = self.kept[req.index]
-        torch.save([o.to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
-        return WorkerReply(ok=True, outputs=[_meta(o) for o in outs])
+                           graph_error=self.graph_error)
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -142,73 +109,6 @@ class Worker:
             self.modules[path] = module
         return self.modules[path]
 
-    def _inputs(self, path: str | None) -> list[Any]:
-        torch = _torch()
-        inputs = torch.load(path, weights_only=True)
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        _torch().cuda.synchronize()
-
-
-def _device_name(device: str) -> str:
-    torch = _torch()
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    import platform
-
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
-
-
-def _nbytes(x: Any) -> int:
-    torch = _torch()
-    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
-
-
-def fill_free_memory(device: str, byte: int, hint_bytes: int) -> None:
-    """Write `byte` over memory the allocator will hand out next, so reads of uninitialised memory show.
-
-    A large block (several times the inputs) and a spread of small ones are filled and freed back to
-    the allocator's cache, where `torch.empty` in the model will find them.
-    """
-    torch = _torch()
-    size = max(4 * hint_bytes, 64 << 20)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        size = min(size, torch.cuda.mem_get_info()[0] // 2)
-    blocks = [torch.full((size,), byte, dtype=torch.uint8, device=device)]
-    blocks += [torch.full((s,), byte, dtype=torch.uint8, device=device) for s in (512, 4096, 65536, 524288) * 16]
-    _sync(device)
-    del blocks
-
-
-def _describe(x: Any) -> str:
-    torch = _torch()
-    if isinstance(x, torch.Tensor):
-        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
-    return repr(x)
-
-
-def _meta(x: Any) -> TensorMeta:
-    torch = _torch()
-    if not isinstance(x, torch.Tensor):
-        return TensorMeta(type_name=type(x).__qualname__, exact_tensor=False)
-    return TensorMeta(
-        type_name=type(x).__qualname__,
-        exact_tensor=type(x) is torch.Tensor,
-        device=str(x.device),
-        dtype=str(x.dtype),
-        shape=list(x.shape),
-    )
-
 
 def _missing_class(module: Any, req: WorkerRequest) -> str:
     torch = _torch()
@@ -218,11 +118,6 @@ def _missing_class(module: Any, req: WorkerRequest) -> str:
     )
     found = f" (it defines {', '.join(others)})" if others else ""
     return f"no class {req.class_name} in {req.path}{found}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:400]}"
 
 
 def first_compiler_error(text: str) -> str | None:

@@ -31,6 +31,8 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
     assert timing["event_overhead_ms"] > 0 and timing["device_tail_ms"] is not None
     assert all(isinstance(mhz, int) and mhz > 0 for mhz in timing["sm_clock_mhz"])
     assert timing["floor_ms"] > 0 and ok["compile_runtime_ms"] > 0
+    assert timing["exchange"] == "cuda_ipc"  # outputs reached the checker on the device, by CUDA IPC
+    assert timing["checked_calls"] == ok["runtime_stats"]["calls"]  # every timed call compared in full
 
 
 def test_l2_flush_buffer_is_twice_the_l2():

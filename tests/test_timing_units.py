@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.check import compare_fingerprints, degenerate_outputs, same_fingerprint
+from kernelbench_eval.check import degenerate_outputs
 from kernelbench_eval.measure import Lane, block_calls
 from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
 from kernelbench_eval.plausibility import judge, speedup_reason
@@ -113,25 +113,8 @@ def test_rotation_gives_every_call_new_values_and_keeps_private_copies():
     assert torch.equal(Rotation(bases).fill(0, 0.5, 1)[0], seen[0])  # reproducible for the reference
     assert torch.equal(rotation.live[1], torch.arange(4))  # integer inputs are copied, not scaled
     assert [torch.equal(k[0], s) for k, s in zip(block.kept, seen, strict=True)] == [True] * 3
-    assert block.fingerprints()[1][0] == pytest.approx((float(seen[1].sum()), float(seen[1].abs().sum())))
     assert len(block.event_ms) == 3 and all(t >= 0 for t in block.event_ms)
     assert keep((torch.ones(1), 3))[1] is None
-
-
-def test_fingerprints_pass_honest_outputs_and_catch_garbage():
-    ref = torch.randn(1000, dtype=torch.float64)
-    honest = ref + 0.009 * torch.rand(1000, dtype=torch.float64)  # within atol=rtol=0.01
-    stale = ref.roll(1) * 1.1
-
-    def fp(t: torch.Tensor) -> list[list[tuple[float, float]]]:
-        return [[(float(t.sum()), float(t.abs().sum()))]]
-
-    assert compare_fingerprints(fp(ref), fp(honest), [1000], 0.01, 0.01) is None
-    assert "timed call 0" in compare_fingerprints(fp(ref), fp(stale), [1000], 0.01, 0.01)
-    assert compare_fingerprints(fp(ref), fp(torch.zeros(1000)), [1000], 0.01, 0.01)
-    nan_ref = [[(float("nan"), float("nan"))]]
-    assert compare_fingerprints(nan_ref, fp(honest), [1000], 0.01, 0.01) is None  # left to the full check
-    assert same_fingerprint((1.0, 2.0), (1.0 + 1e-9, 2.0)) and not same_fingerprint((1.0, 2.0), (1.1, 2.0))
 
 
 def test_block_size_respects_the_kept_output_budget():

@@ -46,7 +46,7 @@ MM_RELU = {
     "sys_exit": "crashed",
     "empty_out": "incorrect",
     "wrong_init": "load_error",
-    "lazy_dump": "incorrect",
+    "lazy_dump": "suspicious",  # right only when handed over: the hand-over is on the harness's clock
     "scale_cache": "ok",  # its shortcut never fires: timed at its honest speed (checked below)
     "steal_parent": "incorrect",
     HUGE: "load_error",

@@ -1,0 +1,152 @@
+"""The candidate side of judging: one worker process for the whole evaluation, its workdir, deadline and outcome.
+
+One process (one CUDA context, one extension load) runs the trials and then the timing: the checks that
+needed a second, fresh process before (launch errors, uninitialised memory) are made after every trial run
+instead. Everything the candidate sends back is compared by the checker (`reference.ReferenceSide`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kernelbench_eval.compile import Compiled, build_lock, extension_env
+from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
+from kernelbench_eval.measure import Deadline
+from kernelbench_eval.models import Findings, WorkerRequest
+from kernelbench_eval.process import WorkerFailure, WorkerProcess
+
+SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
+
+
+class CandidateRun:
+    """One candidate being judged against `ref`; `findings` holds what is known so far."""
+
+    def __init__(self, ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> None:
+        self.ref, self.build, self.path, self.log = ref, build, path, log
+        self.deadline = Deadline(timeout)
+        self.timeout = timeout
+        self.findings = Findings(status="ok", device_name=ref.device_name)
+        self.workdir = Path(tempfile.mkdtemp(prefix="kbeval-cand-"))
+        self.worker: WorkerProcess | None = None
+        self.phases: dict[str, float] = {}
+        self.exchange_kind: str | None = None
+        self._lent = False
+
+    def __enter__(self) -> CandidateRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.worker is not None:
+            self.worker.close()  # first: the exchange is freed only once nothing can write into it
+        if self._lent:
+            with contextlib.suppress(WorkerFailure):  # a failed checker is marked broken and opened again
+                self.ref.reclaim()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @contextmanager
+    def stage(self, name: str, phase: str | None = None) -> Iterator[None]:
+        """Time a phase; a worker failure inside it becomes the outcome, named after the stage."""
+        started = time.perf_counter()
+        try:
+            yield
+        except ReferenceFailure as exc:
+            self.findings.status, self.findings.error = "crashed", f"{name}: {exc.message}"
+        except WorkerFailure as exc:  # a load error speaks for itself; anything later says when it happened
+            where = "" if exc.status == "load_error" and name == "loading" else f"{name}: "
+            self.findings.status, self.findings.error = exc.status, where + exc.message  # type: ignore[assignment]
+        finally:
+            key = phase or name
+            self.phases[key] = self.phases.get(key, 0.0) + time.perf_counter() - started
+
+    @property
+    def ok(self) -> bool:
+        return self.findings.status == "ok"
+
+    def fail(self, error: str) -> bool:
+        self.findings.status, self.findings.error = "incorrect", error
+        return False
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
+        with self.stage("loading", "spawn"):
+            shutil.copyfile(self.ref.workdir / "init.pt", self.workdir / "init.pt")
+            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | extension_env(self.build.build_dir),
+                                        time_limit=self.timeout)
+            self.worker.start()
+        if not self.ok:
+            return False
+        with self.stage("loading", "load"):
+            with build_lock(self.build.build_dir):  # load_inline's own lock file may be stale (see build_lock)
+                reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
+                                         self.deadline.left())
+            self.findings.device_name = reply.device_name or self.findings.device_name
+            self._attach()
+        return self.ok
+
+    def _attach(self) -> None:
+        assert self.worker is not None
+        info = self.ref.lend(self.workdir)
+        self._lent = True
+        try:
+            self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
+            self.exchange_kind = info.kind
+        except WorkerFailure as exc:
+            if info.kind != "cuda_ipc":
+                raise
+            self.ref.ipc = False  # CUDA IPC refused here: shared memory from now on, for every candidate
+            self.ref.ipc_refused = exc.message
+            info = self.ref.lend(self.workdir)
+            self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
+        if info.kind == "shm" and self.ref.ipc_refused:
+            self.exchange_kind = f"shm (CUDA IPC refused: {self.ref.ipc_refused[:200]})"
+        else:
+            self.exchange_kind = info.kind
+
+    # -- correctness ---------------------------------------------------------------------------------
+
+    def check_trials(self) -> bool:
+        """Every trial, run twice over differently filled free memory; both runs must match the reference."""
+        for trial in range(len(self.ref.metas)):
+            with self.stage(f"trial {trial}", "trials"):
+                self._check_trial(trial)
+            if not self.ok:
+                return False
+            self.findings.trials_passed += 1
+        return True
+
+    def _check_trial(self, trial: int) -> None:
+        assert self.worker is not None
+        name = f"trial{trial}"
+        self.ref.feed(self.worker, [name], self.deadline)
+        slots = self.ref.timed_layout(1)[0]
+        for run, sentinel in enumerate(SENTINELS):
+            reply = self.worker.call(WorkerRequest(op="run", name=name, sentinel=sentinel, slots=slots),
+                                     self.deadline.left())
+            self.findings.mutates_inputs = self.findings.mutates_inputs or reply.mutated_inputs
+            if reply.launch_error:
+                self.fail(f"trial {trial}: a kernel launch failed without raising: {reply.launch_error}")
+                return
+            started = time.perf_counter()
+            check = self.ref.compare(trial, slots, reply.outputs)
+            self.phases["checks"] = self.phases.get("checks", 0.0) + time.perf_counter() - started
+            self.note_diffs(check.max_abs_diff, check.mean_abs_diff)
+            if not check.passed:
+                why = check.error
+                if run == 1:
+                    why = (f"it passed once and failed over memory filled with 0x{sentinel:02X}: reads uninitialised "
+                           f"memory ({why})")
+                self.fail(f"trial {trial}: {why}")
+                return
+
+    def note_diffs(self, max_diff: float | None, mean_diff: float | None) -> None:
+        if max_diff is not None:
+            self.findings.max_abs_diff = max(self.findings.max_abs_diff or 0.0, max_diff)
+            self.findings.mean_abs_diff = max(self.findings.mean_abs_diff or 0.0, mean_diff or 0.0)

@@ -1,0 +1,235 @@
+"""The reference side of judging: one problem on one lane, its checker worker, its secrets and baselines.
+
+The checker (the reference's worker) makes every input set from secret seeds, computes the expected
+outputs once, keeps both in its own memory (on the GPU for a CUDA run) and does every comparison. The
+harness holds only seeds, metadata and verdicts, and lends each candidate the checker's exchange buffer.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.discover import Problem
+from kernelbench_eval.exchange import layout_bytes, output_layout
+from kernelbench_eval.measure import Deadline, Lane, block_calls, measure
+from kernelbench_eval.models import (
+    Baseline,
+    CheckResult,
+    ExchangeInfo,
+    RunSettings,
+    Slot,
+    TensorMeta,
+    TimingStats,
+    WorkerRequest,
+    baseline_key,
+)
+from kernelbench_eval.process import WorkerFailure, WorkerProcess
+
+TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
+COMPILE_MODE = "default"
+SLACK_BYTES = 64 * 256  # alignment padding for the input sets' tensors in the exchange
+
+
+@dataclass
+class Secrets:
+    """Seeds drawn by this harness process and never written to disk, argv or a candidate's environment."""
+
+    init_seed: int
+    trial_seeds: list[int]
+    timing_seeds: list[int]
+
+    @classmethod
+    def draw(cls, trials: int) -> Secrets:
+        return cls(secrets.randbits(31), [secrets.randbits(31) for _ in range(trials)],
+                   [secrets.randbits(31) for _ in range(TIMING_SETS)])
+
+
+class ReferenceFailure(WorkerFailure):
+    """The checker failed while a candidate was being judged: the reference must be opened again."""
+
+
+class ReferenceSide:
+    """The reference of one problem, kept alive (in its checker worker) while the problem's candidates are judged."""
+
+    def __init__(self, problem: Problem, settings: RunSettings, seeds: Secrets, log: Path, timeout: float,
+                 compile_timeout: float, store: BaselineStore, env: dict[str, str] | None = None) -> None:
+        self.problem, self.settings, self.seeds, self.log = problem, settings, seeds, log
+        self.timeout, self.compile_timeout, self.store = timeout, compile_timeout, store
+        self.env = env or {}  # the lane's: CUDA_VISIBLE_DEVICES names its GPU
+        self.workdir = Path(tempfile.mkdtemp(prefix="kbeval-ref-"))
+        self.worker: WorkerProcess | None = None
+        self.metas: list[list[TensorMeta]] = []  # per trial, the expected outputs' structure
+        self.baseline: Baseline | None = None
+        self.baseline_key: str | None = None
+        self.device_name: str | None = None
+        self.input_bytes = 0
+        self.bandwidth_gbs: float | None = None
+        self.event_overhead_ms: float | None = None
+        self.warning: str | None = None
+        self.error: str | None = None
+        self.broken = False  # the checker died mid-candidate: open the problem again for the next one
+        self.ipc = settings.device == "cuda"  # lend the exchange by CUDA IPC until that is refused once
+        self.ipc_refused: str | None = None  # why, when it was
+        self._stack = ExitStack()
+
+    # -- opening -------------------------------------------------------------------------------------
+
+    def open(self) -> ReferenceSide:
+        """Inputs, expected outputs and baselines; on failure `error` says why and candidates are skipped."""
+        deadline = Deadline(self.timeout)
+        try:
+            self.worker = self._stack.enter_context(WorkerProcess(self.workdir, self.log, self.env,
+                                                                  time_limit=self.timeout))
+            prepared = self.worker.call(WorkerRequest(
+                op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
+                trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds,
+                inputs_dir=str(self.workdir)), deadline.left())
+            self.input_bytes = prepared.input_bytes
+            loaded = self.worker.call(self.load_request("Model", self.problem.path), deadline.left())
+            self.device_name, self.bandwidth_gbs = loaded.device_name, loaded.memory_bandwidth_gbs
+            self.event_overhead_ms = loaded.event_overhead_ms
+            expected = self.worker.call(WorkerRequest(op="expect", trial_seeds=self.seeds.trial_seeds,
+                                                      atol=self.settings.atol, rtol=self.settings.rtol),
+                                        deadline.left())
+            self.metas, self.warning = expected.expected, expected.warning
+            self.baseline = self._baseline()
+        except WorkerFailure as exc:
+            self.error = f"{self.problem.path}: reference: {exc.message}"
+        return self
+
+    def close(self) -> None:
+        self._stack.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def load_request(self, class_name: str, path: Path, compile_mode: str | None = None,
+                     model: str = "main", init_dir: Path | None = None) -> WorkerRequest:
+        return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name, model=model,
+                             init_file=str((init_dir or self.workdir) / "init.pt"), init_seed=self.seeds.init_seed,
+                             device=self.settings.device, threads=self.settings.threads, compile_mode=compile_mode)
+
+    # -- what candidates are fed and checked against -----------------------------------------------
+
+    def timing_sets(self) -> list[str]:
+        return [f"timing{k}" for k in range(len(self.seeds.timing_seeds))]
+
+    def output_bytes(self) -> int:
+        return layout_bytes(output_layout(self.metas[0])[0]) if self.metas else 0
+
+    def calls_per_block(self) -> int:
+        return block_calls(self.output_bytes())
+
+    def timed_layout(self, calls: int) -> list[list[Slot]]:
+        return output_layout(self.metas[0], calls)
+
+    def lend(self, shm_dir: Path) -> ExchangeInfo:
+        """A fresh exchange buffer for one candidate, big enough for an input set or a block's outputs."""
+        size = max(self.input_bytes + SLACK_BYTES, self.output_bytes() * self.calls_per_block())
+        req = WorkerRequest(op="open_exchange", size=size, shm_dir=str(shm_dir), name=None if self.ipc else "shm")
+        exchange = self._call(req).exchange
+        assert exchange is not None
+        return exchange
+
+    def reclaim(self) -> None:
+        if self.worker is not None and not self.broken:
+            self._call(WorkerRequest(op="close_exchange"))
+
+    def put(self, name: str) -> list[Slot]:
+        return self._call(WorkerRequest(op="put", name=name)).slots
+
+    def compare(self, trial: int, slots: list[Slot], outputs: list[TensorMeta]) -> CheckResult:
+        check = self._call(WorkerRequest(op="compare", trial=trial, slots=slots, outputs=outputs)).check
+        assert check is not None
+        return check
+
+    def compare_timed(self, calls: list[int], layout: list[list[Slot]], metas: list[list[TensorMeta]]
+                      ) -> CheckResult:
+        check = self._call(WorkerRequest(op="compare_timed", calls=calls, layout=layout, metas=metas)).check
+        assert check is not None
+        return check
+
+    def feed(self, worker: WorkerProcess, names: list[str], deadline: Deadline) -> None:
+        """Give `worker` (attached to the lent exchange) its own copies of these input sets."""
+        for name in names:
+            worker.call(WorkerRequest(op="take", name=name, slots=self.put(name)), deadline.left())
+
+    def floor_ms(self) -> float | None:
+        if self.settings.device == "cuda" and self.bandwidth_gbs:
+            return self.input_bytes / (self.bandwidth_gbs * 1e9) * 1e3
+        return None
+
+    def _call(self, req: WorkerRequest):  # noqa: ANN202 (a WorkerReply)
+        assert self.worker is not None
+        try:
+            return self.worker.call(req, self.timeout)
+        except WorkerFailure as exc:
+            self.broken = True
+            raise ReferenceFailure("crashed", f"the reference's worker failed ({exc.message})") from exc
+
+    # -- baselines -----------------------------------------------------------------------------------
+
+    def _baseline(self) -> Baseline | None:
+        """From `baselines.json` when this machine measured it before, else measured (and stored) now."""
+        if not self.settings.compile_baseline:
+            return None
+        key = self.baseline_key = baseline_key(self.problem.source_sha256, self.device_name or "",
+                                               torch.__version__, self.settings.timing_key())
+        with self.store.claim(key):  # another lane (or run) measuring it now: wait, then reuse its numbers
+            return self.store.get(key) or self._measure_baseline()
+
+    def _measure_baseline(self) -> Baseline:
+        assert self.worker is not None
+        eager = self._measure_alone(self.worker, Deadline(self.timeout))
+        baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
+                            device_name=self.device_name or "", torch_version=torch.__version__,
+                            timing_key=self.settings.timing_key(), eager=TimingStats.from_samples(eager),
+                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=_now())
+        self._measure_compiled(baseline)
+        self.store.put(baseline)
+        return baseline
+
+    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline) -> list[float]:
+        lane = Lane(worker)
+        measure([lane], self.timing_sets(), self.settings, deadline, self.calls_per_block())
+        return lane.event_ms
+
+    def _measure_compiled(self, baseline: Baseline) -> None:
+        """torch.compile in a worker of its own: a compiler crash or hang must not take the checker with it."""
+        deadline = Deadline(self.compile_timeout)
+        try:
+            env = self.env | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # leave the cores to the candidates' builds
+            with WorkerProcess(self.workdir, self.log, env, time_limit=self.compile_timeout) as worker:
+                worker.call(self.load_request("Model", self.problem.path, COMPILE_MODE), deadline.left())
+                worker.call(WorkerRequest(op="attach", exchange=self.lend(self.workdir)), deadline.left())
+                self.feed(worker, self.timing_sets(), deadline)
+                samples = self._measure_alone(worker, deadline)
+            baseline.compiled, baseline.compiled_samples = TimingStats.from_samples(samples), samples
+        except WorkerFailure as exc:
+            baseline.compile_error = f"torch.compile baseline: {exc.message}"
+        finally:
+            self.reclaim()
+
+
+def describe_problem(problem: Problem, dims: dict[str, int | float], timeout: float) -> tuple[list[str], str | None]:
+    """Input shapes of one problem (for `kbeval problems`), from its own worker; (shapes, error)."""
+    with tempfile.TemporaryDirectory(prefix="kbeval-describe-") as tmp:
+        req = WorkerRequest(op="prepare", path=str(problem.path.resolve()), dims=dims, trial_seeds=[0],
+                            inputs_dir=tmp)
+        try:
+            with WorkerProcess(Path(tmp), Path(tmp) / "log") as worker:
+                reply = worker.call(req, timeout)
+        except WorkerFailure as failure:
+            return [], failure.message
+        return reply.input_shapes, None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,122 @@
+"""The checker: the reference's worker holds the inputs and expected outputs and compares what candidates send.
+
+Why here and not in the harness: the expected outputs and every comparison stay next to the device they
+were computed on (a GPU compares a 2 GB output in milliseconds), in a process no candidate code ever runs
+in, which makes itself non-dumpable before it holds anything secret. A candidate only ever gets the
+exchange buffer this process lends it (see `exchange`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernelbench_eval.check import compare_outputs, degenerate_outputs
+from kernelbench_eval.exchange import Exchange
+from kernelbench_eval.linux import keep_memory_private
+from kernelbench_eval.models import CheckResult, Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.worker_common import _describe, _meta, _nbytes, _sync, _torch, as_list
+
+
+class ReferenceOps:
+    """Mixed into `worker.Worker`; these ops are only ever sent to a reference's worker."""
+
+    device: str
+    models: dict[str, Any]
+    sets: dict[str, list[Any]]
+    exchange: Exchange | None
+    kept: list[list[Any]]
+
+    def op_prepare(self, req: WorkerRequest) -> WorkerReply:
+        """Apply size overrides, write the init arguments, and make one input set per secret seed (kept here)."""
+        keep_memory_private()  # secrets from here on: no same-user process may read this one's memory
+        torch = _torch()
+        module = self._module(req.path)  # type: ignore[attr-defined]
+        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+        if missing:
+            return WorkerReply(ok=False, error_kind="load_error", error=f"problem lacks {', '.join(missing)}")
+        for name, value in req.dims.items():
+            if hasattr(module, name):
+                setattr(module, name, value)
+        torch.save(list(module.get_init_inputs()), Path(req.inputs_dir or ".") / "init.pt")
+        named = [(f"trial{k}", s) for k, s in enumerate(req.trial_seeds)]
+        named += [(f"timing{k}", s) for k, s in enumerate(req.timing_seeds)]
+        inputs: list[Any] = []
+        for name, seed in named:
+            torch.manual_seed(seed)
+            inputs = list(module.get_inputs())
+            self.sets[name] = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
+        return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
+                           input_bytes=sum(_nbytes(x) for x in inputs))
+
+    def op_expect(self, req: WorkerRequest) -> WorkerReply:
+        """Move the input sets to the device and compute the expected outputs of every trial, kept here."""
+        torch = _torch()
+        self.atol, self.rtol = req.atol, req.rtol
+        for name, inputs in self.sets.items():
+            self.sets[name] = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        self.expected: list[list[Any]] = []
+        self.expected_metas: list[list[TensorMeta]] = []
+        model = self.models["main"]
+        with torch.no_grad():
+            for trial in range(len(req.trial_seeds)):
+                outs = as_list(model(*[_clone(x) for x in self.sets[f"trial{trial}"]]))
+                _sync(self.device)
+                if not all(type(o) is torch.Tensor for o in outs):
+                    return WorkerReply(ok=False, error_kind="load_error",
+                                       error="the reference returned something other than tensors")
+                self.expected.append([o.detach() for o in outs])
+                self.expected_metas.append([_meta(o) for o in outs])
+        warning = degenerate_outputs(self.expected[0], self.atol, self.rtol) if self.expected else None
+        return WorkerReply(ok=True, expected=self.expected_metas, warning=warning)
+
+    def op_open_exchange(self, req: WorkerRequest) -> WorkerReply:
+        self.op_close_exchange(req)
+        self.exchange = Exchange.create(self.device, req.size, req.shm_dir, prefer_ipc=req.name != "shm")
+        return WorkerReply(ok=True, exchange=self.exchange.info)
+
+    def op_close_exchange(self, req: WorkerRequest) -> WorkerReply:
+        if self.exchange is not None:
+            self.exchange.close()
+            self.exchange = None
+        return WorkerReply(ok=True)
+
+    def op_put(self, req: WorkerRequest) -> WorkerReply:
+        """Write input set `name` into the exchange, for the candidate to copy out."""
+        assert self.exchange is not None
+        slots = self.exchange.write(self.sets[req.name or ""])
+        _sync(self.device)
+        return WorkerReply(ok=True, slots=slots)
+
+    def op_compare(self, req: WorkerRequest) -> WorkerReply:
+        """Trial `trial`: the candidate's outputs, as it described them and as they lie in the exchange."""
+        return WorkerReply(ok=True, check=self._compare(self.expected[req.trial], self.expected_metas[req.trial],
+                                                        req.slots, req.outputs))
+
+    def op_compare_timed(self, req: WorkerRequest) -> WorkerReply:
+        """Every listed call of the last timed block, in full, against this worker's own outputs of that call."""
+        worst = CheckResult(passed=True, max_abs_diff=0.0, mean_abs_diff=0.0)
+        for call, slots, metas in zip(req.calls, req.layout, req.metas, strict=True):
+            expected = self.kept[call]
+            result = self._compare(expected, [_meta(e) for e in expected], slots, metas)
+            if not result.passed:
+                result.error = f"timed call {call}: {result.error}"
+                return WorkerReply(ok=True, check=result)
+            worst.max_abs_diff = max(worst.max_abs_diff or 0.0, result.max_abs_diff or 0.0)
+            worst.mean_abs_diff = max(worst.mean_abs_diff or 0.0, result.mean_abs_diff or 0.0)
+        return WorkerReply(ok=True, check=worst)
+
+    def _compare(self, expected: list[Any], expected_metas: list[TensorMeta], slots: list[Slot],
+                 metas: list[TensorMeta]) -> CheckResult:
+        assert self.exchange is not None
+        # on a GPU run over a shared file (CUDA IPC refused), the outputs are brought to the expected ones' device
+        got: list[Any] = []
+        if len(slots) == len(metas) == len(expected):
+            got = [self.exchange.view(s).to(e.device) for s, e in zip(slots, expected, strict=True)]
+        result = compare_outputs(expected, expected_metas, got, metas, self.atol, self.rtol)
+        return CheckResult(passed=result.passed, max_abs_diff=result.max_abs_diff,
+                           mean_abs_diff=result.mean_abs_diff, error=result.error)
+
+
+def _clone(x: Any) -> Any:
+    return x.clone() if hasattr(x, "clone") else x

@@ -1,0 +1,127 @@
+"""The judging core, driven directly (no CLI, no compile): the exchange, the checker, one candidate's run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.compile import Compiled
+from kernelbench_eval.discover import Problem, sha256_file
+from kernelbench_eval.exchange import ALIGN, Exchange, output_layout
+from kernelbench_eval.judge import ReferenceSide, Secrets, judge
+from kernelbench_eval.models import CompileRecord, RunSettings, Slot, TensorMeta
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x, mask):
+        return torch.relu(self.fc(x)).masked_fill(mask, float("-inf")), x.sum(dim=1)
+
+
+def get_inputs():
+    return [torch.rand(8, 16) * 2 - 1, torch.rand(8, 16) > 0.7]
+
+
+def get_init_inputs():
+    return [16]
+'''
+HONEST = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x, mask):
+        return torch.relu(self.fc(x)).masked_fill(mask, float("-inf")), x.sum(dim=1)
+'''
+# -inf where the reference has +inf: same positions, wrong sign
+WRONG_SIGN = HONEST.replace('float("-inf")', 'float("inf")')
+# right for the trials, then stale answers once timed calls start (its 11th call onwards)
+STALE = HONEST.replace("    def forward(self, x, mask):\n", '''    calls = 0
+
+    def forward(self, x, mask):
+        ModelNew.calls += 1
+        if ModelNew.calls > 11:
+            x = torch.zeros_like(x)
+''')
+
+
+def test_exchange_round_trip_and_bounds(tmp_path: Path):
+    exchange = Exchange.create("cpu", 4096, str(tmp_path))
+    try:
+        values = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 7, torch.tensor([True, False])]
+        slots = exchange.write(values)
+        assert slots[1].value == 7 and slots[0].offset == 0 and slots[2].offset % ALIGN == 0
+        attached = Exchange.attach(exchange.info, "cpu")  # another mapping of the same bytes
+        back = attached.read(slots, "cpu")
+        assert torch.equal(back[0], values[0]) and back[1] == 7 and torch.equal(back[2], values[2])
+        back[0].add_(1)  # a private copy: the shared buffer is untouched
+        assert torch.equal(exchange.view(slots[0]), values[0])
+        with pytest.raises(ValueError, match="outside"):
+            exchange.view(Slot(offset=4000, dtype="torch.float32", shape=[100]))
+    finally:
+        exchange.close()
+    assert not Path(exchange.info.handle).exists()
+
+
+def test_output_layout_places_calls_one_after_another():
+    metas = [TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32", shape=[3, 5]),
+             TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.int64", shape=[1])]
+    layout = output_layout(metas, calls=2)
+    offsets = [s.offset for call in layout for s in call]
+    assert offsets == [0, ALIGN, 2 * ALIGN, 3 * ALIGN] and layout[1][0].shape == [3, 5]
+
+
+def _judge(tmp_path: Path, source: str, name: str) -> tuple:
+    problem_path = tmp_path / "masked.py"
+    problem_path.write_text(PROBLEM)
+    candidate = tmp_path / f"{name}.py"
+    candidate.write_text(source)
+    settings = RunSettings(device="cpu", trials=2, reps=20, timing_budget=1.0, warmup=2, compile_baseline=False,
+                           max_speedup=0, threads=1)
+    problem = Problem("masked", problem_path, sha256_file(problem_path))
+    ref = ReferenceSide(problem, settings, Secrets.draw(settings.trials), tmp_path / "ref.log", 60, 60,
+                        BaselineStore(tmp_path / "baselines.json")).open()
+    build = Compiled(CompileRecord(ok=True), tmp_path / "build", cached=True)
+    try:
+        assert ref.error is None, ref.error
+        return ref, judge(ref, build, candidate, tmp_path / f"{name}.log", 60)
+    finally:
+        ref.close()
+
+
+def test_honest_candidate_is_checked_and_timed_with_inf_outputs(tmp_path: Path):
+    """-inf in the reference's output is judged (same positions, same sign), not a reason to skip the problem."""
+    ref, findings = _judge(tmp_path, HONEST, "honest")
+    assert findings.correct and findings.status in ("ok", "suspicious"), findings.error
+    assert findings.trials_passed == 2 and findings.max_abs_diff == 0.0
+    timing = findings.timing
+    assert timing is not None and timing.exchange == "shm" and timing.checked_calls >= 20
+    assert {"spawn", "load", "trials", "timing", "checks"} <= set(timing.phases)
+    assert not ref.workdir.exists()  # closed with the reference
+
+
+def test_wrong_sign_of_inf_is_incorrect(tmp_path: Path):
+    _, findings = _judge(tmp_path, WRONG_SIGN, "wrong_sign")
+    assert findings.status == "incorrect" and findings.error.startswith("trial 0:"), findings.error
+    assert "Inf" in findings.error or "outside" in findings.error
+
+
+def test_stale_timed_calls_are_caught_in_full(tmp_path: Path):
+    _, findings = _judge(tmp_path, STALE, "stale")
+    assert findings.status == "incorrect" and findings.trials_passed == 2, findings.error
+    assert "timed call" in findings.error and "every timed call is checked" in findings.error
