@@ -20,6 +20,7 @@ from typing import Any
 from kernelbench_eval import timing  # noqa: F401  (binds the clocks before candidate code is imported)
 from kernelbench_eval.linux import die_with_parent
 from kernelbench_eval.models import TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.precision import cast_inputs, cast_model
 
 _BUILD_FAILURE = "Error building extension"
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
@@ -55,13 +56,13 @@ class Worker:
             if hasattr(module, name):
                 setattr(module, name, value)
         out_dir = Path(req.inputs_dir)
-        torch.save(list(module.get_init_inputs()), out_dir / "init.pt")
+        torch.save(cast_inputs(module.get_init_inputs(), req.precision), out_dir / "init.pt")
         named = [(f"inputs_{k}.pt", s) for k, s in enumerate(req.trial_seeds)]
         named += [(f"timing_{k}.pt", s) for k, s in enumerate(req.timing_seeds)]
         inputs: list[Any] = []
         for name, seed in named:
             torch.manual_seed(seed)
-            inputs = list(module.get_inputs())
+            inputs = cast_inputs(module.get_inputs(), req.precision)
             torch.save(inputs, out_dir / name)
         return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
                            input_bytes=sum(_nbytes(x) for x in inputs))
@@ -81,7 +82,7 @@ class Worker:
             model = cls(*init)
         except Exception as exc:  # a wrong __init__ signature is the candidate's fault, not a crash
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
-        model = model.to(self.device) if hasattr(model, "to") else model
+        model = cast_model(model.to(self.device) if hasattr(model, "to") else model, req.precision)
         self.model = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
         reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
         if self.device == "cuda":
@@ -129,6 +130,19 @@ class Worker:
         outs = self.kept[req.index]
         torch.save([o.to("cpu") if isinstance(o, torch.Tensor) else None for o in outs], req.output_file)
         return WorkerReply(ok=True, outputs=[_meta(o) for o in outs])
+
+    def op_profile(self, req: WorkerRequest) -> WorkerReply:
+        """Launch accounting of one forward on `inputs_file` (after `req.warmup` untimed calls): `launches.py`."""
+        from kernelbench_eval.launches import profile_model
+
+        counted = profile_model(self.model, self._inputs(req.inputs_file), self.device, req.warmup)
+        return WorkerReply(ok=True, kernels=counted.count, kernel_rows=counted.rows)
+
+    def op_warmup(self, req: WorkerRequest) -> WorkerReply:
+        """Build stage: one call of ModelNew on problem-shaped inputs, so Triton (JIT at first call) compiles."""
+        from kernelbench_eval.warmup import warm_up
+
+        return warm_up(self._module(req.path), self._module(req.problem), req)
 
     # -- helpers -------------------------------------------------------------------------------------
 
