@@ -370,3 +370,37 @@ def gate_cmd(
         console.print(f"gate failed: {len(failures)} of {len(verdicts)} candidates miss the bar", markup=False)
         raise typer.Exit(1)
     console.print(f"gate passed: all {len(verdicts)} candidates meet the bar", markup=False)
+
+
+@app.command("profile")
+def profile_cmd(
+    problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
+                                                 dir_okay=False)],
+    candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
+                                                   dir_okay=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    dim: DimOpt = None,
+    threads: ThreadsOpt = None,
+    timeout: TimeoutOpt = 300.0,
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed calls before the profiled one")] = 3,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Per-kernel table (name, calls, total and mean time, share) of one forward of CANDIDATE and of the reference.
+
+    Exit codes: 0 both profiled; 1 the candidate (or the reference) could not be loaded or run; 2 usage error.
+    """
+    from kernelbench_eval.profile_cmd import profile_pair, profile_tables
+
+    settings = _settings(device, dim, threads, **_precision(precision, "default", None, None))
+    report = profile_pair(problem_file, candidate_file, settings.device, cache_dir or default_cache_dir(),
+                          dims=settings.dims, precision=settings.precision, threads=settings.threads,
+                          timeout=timeout, warmup=warmup)
+    if json_out:
+        print(report.model_dump_json(indent=2))
+    else:
+        for item in profile_tables(report):
+            console.print(item, markup=False, highlight=False) if isinstance(item, str) else console.print(item)
+    if report.reference.error or report.candidate_profile.error:
+        raise typer.Exit(1)
