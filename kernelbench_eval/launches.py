@@ -64,27 +64,24 @@ def warning_for(count: KernelCount | None) -> str | None:
 def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1) -> Counted:
     """Profile one forward after `warmup` untimed calls (at least one: lazy init and JIT stay out)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "won't be using warmup", "clears events": both meant
+    with torch.no_grad():
         for _ in range(max(1, warmup)):
             model(*inputs)
         _sync(device)
-        # The first traced step pays one-off costs (tracer start, first op under the profiler): trace two
-        # steps, keep the second.
-        traces: list[list[Any]] = []
-        with profile(activities=activities, with_stack=True, schedule=schedule(wait=0, warmup=0, active=1, repeat=2),
-                     on_trace_ready=lambda done: traces.append(list(done.events()))) as prof:
-            for _ in range(2):
-                torch.zeros(1)  # the first op recorded pays the tracer's start-up: not one of the model's
+        # The first traced session pays one-off costs (tracer start, first op under the profiler): trace two,
+        # keep the second.
+        for _ in range(2):
+            with profile(activities=activities, with_stack=True) as prof:
+                torch.zeros(1)  # the first op recorded pays the session's start-up: not one of the model's
                 with record_function(FORWARD):
                     model(*inputs)
                     _sync(device)
-                prof.step()
+    events = list(prof.events())
     cpu = torch.autograd.DeviceType.CPU  # device kernels stay; CPU events only from inside the forward
-    events = [e for e in traces[-1] if e.device_type != cpu
+    events = [e for e in events if e.device_type != cpu
               or (e.name != FORWARD and any(a.name == FORWARD for a in _ancestors(e)))]
     functions = custom_functions()
     units = _cuda_units(events, functions) if device == "cuda" else _cpu_units(events, functions)
