@@ -6,7 +6,8 @@ with `torch.profiler` and the Python tracer (`with_stack=True`) and sorts what r
 
 - **custom**: a call into a native module the candidate loaded from outside the installed packages (a
   `load_inline`/`load` extension: the tracer records it as `<built-in method NAME of ... object at ADDR>`,
-  matched by name and address against the functions of those modules, never by name alone), an operator
+  matched by name and address against the functions of those modules, never by name alone; torch.compile's
+  generated modules are PyTorch's), an operator
   of a non-library namespace (`TORCH_LIBRARY(myext, ...)`), or a Triton `@triton.jit` launch.
 - **library**: the outermost `aten::` (and other torch-namespace) operators outside any custom call.
 
@@ -104,7 +105,8 @@ def custom_functions() -> set[tuple[str, str | None]]:
         if not file.endswith((".so", ".pyd")):
             continue
         path = Path(file).resolve()
-        if any(path.is_relative_to(root) for root in installed):
+        # torch.compile's generated code (inductor's cache, `torchinductor_<user>`) is PyTorch's, not the candidate's
+        if any(path.is_relative_to(root) for root in installed) or "torchinductor" in str(path):
             continue
         for name, obj in list(vars(module).items()):
             if type(obj).__name__ == "builtin_function_or_method":
