@@ -25,6 +25,8 @@ from kernelbench_eval.gate import BASELINES, GateUsageError, check_gate
 from kernelbench_eval.judge import describe_problem
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
+from kernelbench_eval.precision import PRECISIONS, TOLERANCE_PRESETS
+from kernelbench_eval.precision import tolerance as preset_tolerance
 from kernelbench_eval.report import FORMATS, fast_p_text, load_run, render, write_default_reports
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -37,8 +39,11 @@ JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (d
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
 CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
 TrialsOpt = Annotated[int, typer.Option("--trials", help="correctness trials, each on fresh random inputs")]
-AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance")]
-RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance")]
+AtolOpt = Annotated[float | None, typer.Option("--atol", help="absolute tolerance (default: by --tolerance)")]
+RtolOpt = Annotated[float | None, typer.Option("--rtol", help="relative tolerance (default: by --tolerance)")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help=f"dtype of inputs and models: {', '.join(PRECISIONS)}")]
+ToleranceOpt = Annotated[str, typer.Option(
+    "--tolerance", help="tolerance preset: default (1e-2) or kernelbench (fp32 1e-4, fp16/bf16 1e-2)")]
 RepsOpt = Annotated[int, typer.Option("--reps", help="timed calls per model, at least (budget allowing)")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed calls before timing, at most")]
 WarmupSecondsOpt = Annotated[float, typer.Option("--warmup-seconds", help="warm-up stops after this long")]
@@ -83,6 +88,17 @@ def _settings(device: str, dims: list[str] | None, threads: int | None, **timing
     return RunSettings(device=resolved, dims=_parse_dims(dims or []), threads=threads, **timing)
 
 
+def _precision(precision: str, preset: str, atol: float | None, rtol: float | None) -> dict[str, object]:
+    """precision, atol and rtol for RunSettings: the preset's values for the precision unless given."""
+    if precision not in PRECISIONS:
+        raise typer.BadParameter(f"{precision!r}: use one of {', '.join(PRECISIONS)}", param_hint="--precision")
+    if preset not in TOLERANCE_PRESETS:
+        raise typer.BadParameter(f"{preset!r}: use one of {', '.join(TOLERANCE_PRESETS)}", param_hint="--tolerance")
+    default_atol, default_rtol = preset_tolerance(precision, preset)
+    return {"precision": precision, "atol": default_atol if atol is None else atol,
+            "rtol": default_rtol if rtol is None else rtol}
+
+
 def _parse_dims(items: list[str]) -> dict[str, int | float]:
     dims: dict[str, int | float] = {}
     for item in items:
@@ -125,8 +141,10 @@ def run_cmd(
     timeout: TimeoutOpt = 300.0,
     compile_timeout: CompileTimeoutOpt = 600.0,
     trials: TrialsOpt = 5,
-    atol: AtolOpt = 1e-2,
-    rtol: RtolOpt = 1e-2,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    precision: PrecisionOpt = "fp32",
+    tolerance: ToleranceOpt = "default",
     reps: RepsOpt = 100,
     warmup: WarmupOpt = 10,
     warmup_seconds: WarmupSecondsOpt = 1.0,
@@ -146,7 +164,8 @@ def run_cmd(
     address: RayAddressOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
-    settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+    settings = _settings(device, dim, threads, trials=trials, **_precision(precision, tolerance, atol, rtol),
+                         reps=reps, warmup=warmup,
                          warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
                          timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
                          max_speedup=max_speedup)
@@ -188,8 +207,10 @@ def eval_cmd(
     timeout: TimeoutOpt = 300.0,
     compile_timeout: CompileTimeoutOpt = 600.0,
     trials: TrialsOpt = 5,
-    atol: AtolOpt = 1e-2,
-    rtol: RtolOpt = 1e-2,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    precision: PrecisionOpt = "fp32",
+    tolerance: ToleranceOpt = "default",
     reps: RepsOpt = 100,
     warmup: WarmupOpt = 10,
     warmup_seconds: WarmupSecondsOpt = 1.0,
@@ -205,7 +226,8 @@ def eval_cmd(
     baselines: BaselinesOpt = None,
 ) -> None:
     """Judge one candidate file against one problem file and print its verdict."""
-    settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+    settings = _settings(device, dim, threads, trials=trials, **_precision(precision, tolerance, atol, rtol),
+                         reps=reps, warmup=warmup,
                          warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
                          timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
                          max_speedup=max_speedup)
@@ -319,6 +341,8 @@ def gate_cmd(
     allow_skipped: Annotated[bool, typer.Option("--allow-skipped", help="skipped candidates do not fail")] = False,
     allow_suspicious: Annotated[bool, typer.Option(
         "--allow-suspicious", help="suspicious timings do not fail (they still must meet the other bars)")] = False,
+    require_custom: Annotated[bool, typer.Option(
+        "--require-custom", help="every correct candidate must have run at least one kernel of its own")] = False,
 ) -> None:
     """Pass or fail a run for CI; prints one line per candidate that misses the bar.
 
@@ -335,7 +359,8 @@ def gate_cmd(
         raise typer.Exit(2)
     try:
         failures = check_gate(verdicts, require_correct=require_correct, min_speedup=min_speedup,
-                              baseline=baseline, allow_skipped=allow_skipped, allow_suspicious=allow_suspicious)
+                              baseline=baseline, allow_skipped=allow_skipped, allow_suspicious=allow_suspicious,
+                              require_custom=require_custom)
     except GateUsageError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -345,3 +370,37 @@ def gate_cmd(
         console.print(f"gate failed: {len(failures)} of {len(verdicts)} candidates miss the bar", markup=False)
         raise typer.Exit(1)
     console.print(f"gate passed: all {len(verdicts)} candidates meet the bar", markup=False)
+
+
+@app.command("profile")
+def profile_cmd(
+    problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
+                                                 dir_okay=False)],
+    candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
+                                                   dir_okay=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    dim: DimOpt = None,
+    threads: ThreadsOpt = None,
+    timeout: TimeoutOpt = 300.0,
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed calls before the profiled one")] = 3,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Per-kernel table (name, calls, total and mean time, share) of one forward of CANDIDATE and of the reference.
+
+    Exit codes: 0 both profiled; 1 the candidate (or the reference) could not be loaded or run; 2 usage error.
+    """
+    from kernelbench_eval.profile_cmd import profile_pair, profile_tables
+
+    settings = _settings(device, dim, threads, **_precision(precision, "default", None, None))
+    report = profile_pair(problem_file, candidate_file, settings.device, cache_dir or default_cache_dir(),
+                          dims=settings.dims, precision=settings.precision, threads=settings.threads,
+                          timeout=timeout, warmup=warmup)
+    if json_out:
+        print(report.model_dump_json(indent=2))
+    else:
+        for item in profile_tables(report):
+            console.print(item, markup=False, highlight=False) if isinstance(item, str) else console.print(item)
+    if report.reference.error or report.candidate_profile.error:
+        raise typer.Exit(1)

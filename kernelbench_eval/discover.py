@@ -14,6 +14,8 @@ from pathlib import Path
 
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
 _CUDA_HINTS = re.compile(r"cuda_sources\s*=|__global__|\.cu['\"]")
+# Triton kernels run only on a GPU: `import triton`, `from triton ...` or a `@triton.jit` kernel means CUDA.
+_TRITON_HINTS = re.compile(r"^\s*(import\s+triton|from\s+triton\b)|@triton\.jit", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ def source_problem(data: bytes) -> str | None:
 
 
 def declared_devices(source: str) -> tuple[str, ...] | None:
-    """`KBEVAL_DEVICES = [...]` at module level if declared, else ("cuda",) when the source builds CUDA."""
+    """`KBEVAL_DEVICES = [...]` at module level if declared, else ("cuda",) when the source builds CUDA or
+    uses Triton."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -115,4 +118,4 @@ def declared_devices(source: str) -> tuple[str, ...] | None:
                 return tuple(str(d) for d in ast.literal_eval(node.value))
             except ValueError:
                 return None
-    return ("cuda",) if _CUDA_HINTS.search(source) else None
+    return ("cuda",) if _CUDA_HINTS.search(source) or _TRITON_HINTS.search(source) else None

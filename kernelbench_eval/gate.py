@@ -39,10 +39,12 @@ def _first_line(text: str | None) -> str:
 
 def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedup: float | None = None,
                baseline: str = "eager", allow_skipped: bool = False, allow_suspicious: bool = False,
-               ) -> list[GateFailure]:
+               require_custom: bool = False) -> list[GateFailure]:
     """Every candidate that misses the bar, with why. The speedup bar applies to correct candidates only
     (an incorrect one has no speedup; `require_correct` is what fails it). A `suspicious` time never
-    passes unless explicitly allowed; the bar is the lower end of the speedup's 95 % interval."""
+    passes unless explicitly allowed; the bar is the lower end of the speedup's 95 % interval. With
+    `require_custom`, a correct candidate must also have run at least one kernel of its own (`launches.py`):
+    a "custom kernel" that is all library calls fails, and so does one whose launches were not counted."""
     field = speedup_field(verdicts, baseline)
     failures: list[GateFailure] = []
     for v in sorted(verdicts, key=lambda v: (v.problem, v.candidate)):
@@ -60,6 +62,9 @@ def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedu
                 failures.append(GateFailure(v.problem, v.candidate, f"not correct ({v.status})"
                                             + (f": {why}" if why else "")))
             continue
+        if require_custom and (why := _custom_failure(v)):
+            failures.append(GateFailure(v.problem, v.candidate, why))
+            continue
         if min_speedup is not None:
             speed = getattr(v, field, None)
             interval = getattr(v, f"{field}_ci", None)
@@ -72,3 +77,11 @@ def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedu
                                             f"speedup {speed:.3g}x (95% lower bound) < {min_speedup:g}x over "
                                             f"{baseline}"))
     return failures
+
+
+def _custom_failure(v: Verdict) -> str | None:
+    if v.kernels is None:
+        return "no launch accounting recorded (--require-custom needs verdicts with `kernels`)"
+    if v.kernels.custom == 0:
+        return v.kernels_warning or f"no custom kernel ran ({v.kernels.library} library kernels)"
+    return None

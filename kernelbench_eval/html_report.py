@@ -143,7 +143,37 @@ def speedup_svg(df: pd.DataFrame, width: int = 900) -> str:
             + "".join(ticks) + ref + "".join(body) + caption + "</svg>")
 
 
-def render_html(df: pd.DataFrame, title: str = "kbeval report") -> str:
+def aggregates_html(agg: dict | None) -> str:
+    """Geomean speedups, pass@k per problem and per-folder rows (`aggregates.aggregates`), as small tables."""
+    if not agg:
+        return ""
+
+    def fmt(value: object, spec: str = ".3g", suffix: str = "") -> str:
+        return "" if value is None else escape(f"{value:{spec}}{suffix}")
+
+    geo = agg["geomean_speedup"]
+    parts = [f'<p id="geomean">Geometric-mean speedup of the {geo["candidates"]} ok candidates: '
+             f'{fmt(geo["vs_eager"], ".3g", "x") or "n/a"} vs eager, '
+             f'{fmt(geo["vs_compile"], ".3g", "x") or "n/a"} vs torch.compile.</p>']
+    ks = ("pass@1", "pass@5", "pass@10")
+    rows = "".join(f"<tr><td>{escape(p)}</td><td class=num>{e['n']}</td><td class=num>{e['c']}</td>"
+                   + "".join(f"<td class=num>{fmt(e.get(k), '.2f')}</td>" for k in ks) + "</tr>"
+                   for p, e in agg["pass_at_k"]["problems"].items())
+    parts.append('<table id="pass-at-k"><thead><tr><th>problem</th><th>n</th><th>correct</th>'
+                 + "".join(f"<th>{k}</th>" for k in ks) + f"</tr></thead><tbody>{rows}</tbody></table>")
+    if agg["groups"]:
+        rows = "".join(f"<tr><td>{escape(g)}</td><td class=num>{e['problems']}</td><td class=num>{e['candidates']}"
+                       f"</td><td class=num>{e['correct']}</td>"
+                       f"<td class=num>{fmt(e['geomean_speedup']['vs_eager'], '.3g', 'x')}</td>"
+                       + "".join(f"<td class=num>{fmt(e['pass_at_k'].get(k), '.2f')}</td>" for k in ks) + "</tr>"
+                       for g, e in agg["groups"].items())
+        parts.append('<h3>Per folder</h3><table id="groups"><thead><tr><th>folder</th><th>problems</th>'
+                     "<th>candidates</th><th>correct</th><th>geomean vs eager</th>"
+                     + "".join(f"<th>mean {k}</th>" for k in ks) + f"</tr></thead><tbody>{rows}</tbody></table>")
+    return "<h2>Aggregates</h2>\n" + "\n".join(parts)
+
+
+def render_html(df: pd.DataFrame, title: str = "kbeval report", aggregates: dict | None = None) -> str:
     counts = df["status"].value_counts().sort_index()
     summary = "".join(f'<span style="background:{STATUS_COLOURS.get(str(s), "#6e7781")}">{escape(str(s))}: {n}</span>'
                       for s, n in counts.items())
@@ -176,6 +206,7 @@ def render_html(df: pd.DataFrame, title: str = "kbeval report") -> str:
 <p class="summary">{len(df)} candidates, {df["problem"].nunique()} problems &nbsp; {summary}</p>
 <h2>Speedup of correct candidates</h2>
 {speedup_svg(df)}
+{aggregates_html(aggregates)}
 <h2>Leaderboard</h2>
 <p>Click a column header to sort.</p>
 {table}

@@ -79,14 +79,21 @@ class RunSettings(BaseModel):
     max_speedup: float = Field(10.0, ge=0)  # a faster claim is `suspicious` (0: no limit)
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of inputs and models (`precision.py`)
 
     def key(self) -> str:
-        return _digest(self.model_dump(mode="json"))
+        return _digest(self._payload())
 
     def timing_key(self) -> str:
         """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
-        return _digest(self.model_dump(mode="json", exclude={"trials", "atol", "rtol", "max_speedup",
-                                                             "compile_baseline"}))
+        return _digest(self._payload(exclude={"trials", "atol", "rtol", "max_speedup", "compile_baseline"}))
+
+    def _payload(self, exclude: set[str] | None = None) -> dict:
+        """The settings that make the key; fp32 is left out, so runs made before `precision` keep their keys."""
+        payload = self.model_dump(mode="json", exclude=exclude)
+        if payload.get("precision") == "fp32":
+            del payload["precision"]
+        return payload
 
 
 def _digest(payload: object) -> str:
@@ -162,6 +169,26 @@ class RunManifest(BaseModel):
     created_at: str
 
 
+class KernelCount(BaseModel):
+    """What ran during one forward of a model (`launches.py`): its own kernels against library ones."""
+
+    custom: int  # kernels (GPU) or calls (CPU) of the candidate's own extensions, Triton or custom ops
+    library: int  # aten / cuBLAS / cuDNN kernels (GPU) or outermost aten ops (CPU)
+    custom_share: float  # of device time (GPU) or of profiled CPU op time (CPU), 0..1
+    device: Device = "cpu"
+
+
+class KernelRow(BaseModel):
+    """One line of `kbeval profile`'s per-kernel table."""
+
+    name: str
+    kind: Literal["custom", "library"]
+    calls: int
+    total_ms: float
+    mean_ms: float
+    share: float  # of the model's profiled time
+
+
 class Findings(BaseModel):
     """What judging settles about one candidate: every field of its verdict but who, where and when.
 
@@ -193,6 +220,10 @@ class Findings(BaseModel):
     trials_passed: int = 0
     mutates_inputs: bool = False  # it changed its inputs in place (judged on the untouched reference anyway)
     device_name: str | None = None
+    precision: str | None = None  # fp32 / fp16 / bf16 (`--precision`); None in runs made before it existed
+    problem_group: str | None = None  # the problem's folder under the problems dir ("level2"), None at its top
+    kernels: KernelCount | None = None  # launch accounting of one forward, for correct candidates
+    kernels_warning: str | None = None  # set when none of the work ran in the candidate's own kernels
     error: str | None = None
 
     def disqualify(self, status: Status, error: str) -> None:
@@ -275,7 +306,7 @@ class WorkerRequest(BaseModel):
     """A command sent to a worker on its stdin, one JSON object a line."""
 
     op: Literal["import", "load", "prepare", "expect", "open_exchange", "close_exchange", "put", "attach", "take",
-                "run", "compare", "time", "export", "compare_timed", "exit"]
+                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "exit"]
     # load: module file and class to build (`model` names it in the worker: "main", or "compiled" for the
     # torch.compile baseline); prepare (reference): problem file, one input set per seed
     path: str | None = None
@@ -286,10 +317,14 @@ class WorkerRequest(BaseModel):
     device: Device | None = None
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
+    problem: str | None = None  # warmup: the problem file whose Model/get_inputs shape the call
+    precision: str | None = None  # prepare/load/warmup: cast inputs and model (`precision.py`); None is fp32
     compile_mode: str | None = None  # load: wrap the model in torch.compile (the compile baseline)
     trial_seeds: list[int] = Field(default_factory=list)
     timing_seeds: list[int] = Field(default_factory=list)
     inputs_dir: str | None = None  # prepare: where init.pt goes (inputs stay in the worker's memory)
+    save_inputs: bool = False  # prepare: also save each input set there (`kbeval profile`; seeds not secret)
+    inputs_file: str | None = None  # profile: the inputs to profile one forward on
     # exchange: its size and where a shared file may go; put/take: an input set's name and its slots
     size: int = 0
     shm_dir: str | None = None
@@ -339,4 +374,6 @@ class WorkerReply(BaseModel):
     input_bytes: int = 0
     memory_bandwidth_gbs: float | None = None
     event_overhead_ms: float | None = None
+    kernels: KernelCount | None = None  # profile: launch accounting
+    kernel_rows: list[KernelRow] = Field(default_factory=list)  # profile: per-kernel table
     seconds: float = 0.0

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from kernelbench_eval import schedule
+from kernelbench_eval.aggregates import verdict_context
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled
@@ -256,6 +257,7 @@ class _Session:
 
     def _record_locked(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None) -> None:
         rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None
+        findings = findings.model_copy(update=verdict_context(self.found.problems, cand.problem_id, self.manifest))
         verdict = Verdict(
             run_id=self.manifest.run_id,
             problem=cand.problem_id,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
+from kernelbench_eval.aggregates import aggregates, aggregates_text
 from kernelbench_eval.display import status_counts, verdict_table
 from kernelbench_eval.models import Verdict
 from kernelbench_eval.record import RunRecorder, write_atomic
@@ -79,12 +80,13 @@ def fast_p_frame(verdicts: list[Verdict]) -> pd.DataFrame:
 
 
 def to_summary(verdicts: list[Verdict]) -> str:
-    """`summary.json`: counts by status and fast_p, for dashboards that want one small file."""
+    """`summary.json`: counts by status, fast_p, geomean speedups, pass@k per problem and per-folder aggregates,
+    for dashboards that want one small file."""
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.status] = counts.get(v.status, 0) + 1
     payload = {"candidates": len(verdicts), "statuses": dict(sorted(counts.items())),
-               "fast_p": fast_p_frame(verdicts).to_dict(orient="records")}
+               "fast_p": fast_p_frame(verdicts).to_dict(orient="records"), **aggregates(verdicts)}
     return json.dumps(payload, indent=2) + "\n"
 
 
@@ -115,6 +117,7 @@ def to_table(verdicts: list[Verdict], title: str = "report", width: int | None =
         best = f"{row.candidate} {row.speedup:.2f}x" if isinstance(row.candidate, str) else "no correct candidate"
         out.print(f"best {row.problem}: {best}", markup=False)
     out.print(fast_p_text(verdicts), markup=False)
+    out.print(aggregates_text(verdicts), markup=False)
     return buffer.getvalue()
 
 
@@ -171,6 +174,7 @@ def to_markdown(verdicts: list[Verdict]) -> str:
     for row in fp.to_dict(orient="records"):
         lines.append(f"| {_md_cell(row['problem'])} | {row['baseline']} | "
                      + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+    lines += ["", *(f"- {_md_cell(line.strip())}" for line in aggregates_text(verdicts).splitlines())]
     return "\n".join(lines) + "\n"
 
 
@@ -220,7 +224,7 @@ def _junit_failed(v: Verdict) -> bool:
 def to_html(verdicts: list[Verdict], title: str = "kbeval report") -> str:
     from kernelbench_eval.html_report import render_html
 
-    return render_html(leaderboard(verdicts), title=title)
+    return render_html(leaderboard(verdicts), title=title, aggregates=aggregates(verdicts))
 
 
 WRITERS: dict[str, Callable[[list[Verdict]], str]] = {

@@ -22,6 +22,7 @@ from kernelbench_eval import timing  # binds the clocks before candidate code is
 from kernelbench_eval.exchange import Exchange
 from kernelbench_eval.linux import die_with_parent
 from kernelbench_eval.models import WorkerReply, WorkerRequest
+from kernelbench_eval.precision import cast_model
 from kernelbench_eval.worker_candidate import CandidateOps
 from kernelbench_eval.worker_common import _device_name, _one_line, _torch
 from kernelbench_eval.worker_reference import ReferenceOps
@@ -68,7 +69,7 @@ class Worker(ReferenceOps, CandidateOps):
             model = cls(*init)
         except Exception as exc:  # a wrong __init__ signature is the candidate's fault, not a crash
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
-        model = model.to(self.device) if hasattr(model, "to") else model
+        model = cast_model(model.to(self.device) if hasattr(model, "to") else model, req.precision)
         self.models[req.model] = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
         reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
         if self.device == "cuda":
@@ -96,6 +97,25 @@ class Worker(ReferenceOps, CandidateOps):
         self.kept = block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
                            graph_error=self.graph_error)
+
+    def op_profile(self, req: WorkerRequest) -> WorkerReply:
+        """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
+        from kernelbench_eval.launches import profile_model
+
+        torch = _torch()
+        if req.name:  # an input set this worker holds (a judged candidate's), on fresh copies
+            inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.sets[req.name]]
+        else:
+            inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x
+                      for x in torch.load(req.inputs_file, weights_only=True)]
+        counted = profile_model(self.models[req.model], inputs, self.device, req.warmup)
+        return WorkerReply(ok=True, kernels=counted.count, kernel_rows=counted.rows)
+
+    def op_warmup(self, req: WorkerRequest) -> WorkerReply:
+        """Build stage: one call of ModelNew on problem-shaped inputs, so Triton (JIT at first call) compiles."""
+        from kernelbench_eval.warmup import warm_up
+
+        return warm_up(self._module(req.path), self._module(req.problem), req)
 
     # -- helpers -------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from kernelbench_eval.check import compare_outputs, degenerate_outputs
 from kernelbench_eval.exchange import Exchange
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import CheckResult, Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.precision import cast_inputs
 from kernelbench_eval.worker_common import _describe, _meta, _nbytes, _sync, _torch, as_list
 
 
@@ -38,14 +39,17 @@ class ReferenceOps:
         for name, value in req.dims.items():
             if hasattr(module, name):
                 setattr(module, name, value)
-        torch.save(list(module.get_init_inputs()), Path(req.inputs_dir or ".") / "init.pt")
+        out_dir = Path(req.inputs_dir or ".")
+        torch.save(cast_inputs(module.get_init_inputs(), req.precision), out_dir / "init.pt")
         named = [(f"trial{k}", s) for k, s in enumerate(req.trial_seeds)]
         named += [(f"timing{k}", s) for k, s in enumerate(req.timing_seeds)]
         inputs: list[Any] = []
         for name, seed in named:
             torch.manual_seed(seed)
-            inputs = list(module.get_inputs())
+            inputs = cast_inputs(module.get_inputs(), req.precision)
             self.sets[name] = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
+            if req.save_inputs:
+                torch.save(inputs, out_dir / f"{name}.pt")
         return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
                            input_bytes=sum(_nbytes(x) for x in inputs))
 

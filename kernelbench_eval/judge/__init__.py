@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernelbench_eval.compile import Compiled
-from kernelbench_eval.judge.candidate import CandidateRun
+from kernelbench_eval.judge.candidate import CandidateRun, count_launches
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
 from kernelbench_eval.judge.timed import time_candidate
 from kernelbench_eval.models import Findings
@@ -25,6 +25,8 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
     with CandidateRun(ref, build, path, log, timeout) as run:
         if run.start() and run.check_trials():
             time_candidate(run)
+            if run.findings.correct:
+                count_launches(run)
         run.findings.problem_warning = ref.warning
         if ref.baseline and ref.baseline.compiled:
             run.findings.compile_runtime_ms = ref.baseline.compiled.median_ms

@@ -150,3 +150,17 @@ class CandidateRun:
         if max_diff is not None:
             self.findings.max_abs_diff = max(self.findings.max_abs_diff or 0.0, max_diff)
             self.findings.mean_abs_diff = max(self.findings.mean_abs_diff or 0.0, mean_diff or 0.0)
+
+
+def count_launches(run: CandidateRun) -> None:
+    """What ran in one forward of a correct candidate: its own kernels or library ones (`launches`)."""
+    from kernelbench_eval.launches import warning_for
+
+    assert run.worker is not None
+    started = time.perf_counter()
+    try:  # accounting, not judging: a profiler that fails leaves the verdict as it was, with a note
+        reply = run.worker.call(WorkerRequest(op="profile", name="trial0", warmup=1), run.deadline.left())
+        run.findings.kernels, run.findings.kernels_warning = reply.kernels, warning_for(reply.kernels)
+    except WorkerFailure as exc:
+        run.findings.kernels_warning = f"launch accounting failed: {exc.message}"[:300]
+    run.phases["profile"] = time.perf_counter() - started

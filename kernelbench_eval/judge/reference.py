@@ -92,7 +92,7 @@ class ReferenceSide:
             prepared = self.worker.call(WorkerRequest(
                 op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
                 trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds,
-                inputs_dir=str(self.workdir)), deadline.left())
+                inputs_dir=str(self.workdir), precision=self.settings.precision), deadline.left())
             self.input_bytes = prepared.input_bytes
             loaded = self.worker.call(self.load_request("Model", self.problem.path), deadline.left())
             self.device_name, self.bandwidth_gbs = loaded.device_name, loaded.memory_bandwidth_gbs
@@ -114,7 +114,8 @@ class ReferenceSide:
                      model: str = "main", init_dir: Path | None = None) -> WorkerRequest:
         return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name, model=model,
                              init_file=str((init_dir or self.workdir) / "init.pt"), init_seed=self.seeds.init_seed,
-                             device=self.settings.device, threads=self.settings.threads, compile_mode=compile_mode)
+                             device=self.settings.device, threads=self.settings.threads, compile_mode=compile_mode,
+                             precision=self.settings.precision)
 
     # -- what candidates are fed and checked against -----------------------------------------------
 
@@ -221,8 +222,7 @@ class ReferenceSide:
 def describe_problem(problem: Problem, dims: dict[str, int | float], timeout: float) -> tuple[list[str], str | None]:
     """Input shapes of one problem (for `kbeval problems`), from its own worker; (shapes, error)."""
     with tempfile.TemporaryDirectory(prefix="kbeval-describe-") as tmp:
-        req = WorkerRequest(op="prepare", path=str(problem.path.resolve()), dims=dims, trial_seeds=[0],
-                            inputs_dir=tmp)
+        req = WorkerRequest(op="prepare", path=str(problem.path.resolve()), dims=dims, trial_seeds=[0], inputs_dir=tmp)
         try:
             with WorkerProcess(Path(tmp), Path(tmp) / "log") as worker:
                 reply = worker.call(req, timeout)

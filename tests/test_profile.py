@@ -1,0 +1,128 @@
+"""Launch accounting (`launches.py`), `kbeval profile`, the Triton build warm-up and Triton discovery."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FIXTURES, kbeval, read_verdicts
+
+from kernelbench_eval.discover import declared_devices
+from kernelbench_eval.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
+from kernelbench_eval.models import KernelCount, WorkerRequest
+from kernelbench_eval.warmup import build_env, needs_warmup
+from kernelbench_eval.worker import Worker
+
+PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
+CANDIDATES = FIXTURES / "candidates" / "tiny_linear_relu"
+TRITON = FIXTURES / "candidates_triton" / "tiny_linear_relu"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_triton_sources_need_cuda_and_a_warmup() -> None:
+    for path in TRITON.glob("*.py"):
+        source = path.read_text()
+        assert declared_devices(source) == ("cuda",), path.name
+        assert needs_warmup(source), path.name
+    assert declared_devices("import torch\n# not triton: tritonish\n") is None
+    assert not needs_warmup((CANDIDATES / "cpp_honest.py").read_text())
+    env = build_env(Path("/cache/builds/abc"))
+    assert env == {"TORCH_EXTENSIONS_DIR": "/cache/builds/abc/ext", "TRITON_CACHE_DIR": "/cache/builds/abc/triton"}
+
+
+def test_pure_pytorch_counts_no_custom_kernel() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+    count = kernels_of(model, [torch.rand(2, 8)], "cpu")
+    assert count.custom == 0 and count.library >= 2 and count.custom_share == 0.0
+    assert warning_for(count) == NO_CUSTOM_WARNING
+    assert warning_for(KernelCount(custom=1, library=1, custom_share=0.5)) is None and warning_for(None) is None
+
+
+def test_custom_events_are_matched_by_name_and_address() -> None:
+    functions = {("relu_loop", "0x7f00ab"), ("launch", None)}
+    assert is_custom_event("<built-in method relu_loop of pybind11_builtins.record object at 0x7f00ab>", functions)
+    assert not is_custom_event("<built-in method relu_loop of pybind11_builtins.record object at 0x7f0999>",
+                               functions)  # same name, another module's function (torch's own, say)
+    assert is_custom_event("<built-in function launch>", functions)
+    assert is_custom_event("myext::fused_relu", functions)  # TORCH_LIBRARY(myext, ...)
+    assert not is_custom_event("aten::addmm", functions) and not is_custom_event("kbeval::forward", functions)
+    assert is_custom_event("triton/runtime/jit.py(700): run", functions)
+
+
+def test_build_warmup_calls_the_candidate_on_problem_shaped_inputs() -> None:
+    worker = Worker()
+    worker._module(str(CANDIDATES / "py_honest.py"))  # what op_import did in the build worker
+    req = WorkerRequest(op="warmup", path=str(CANDIDATES / "py_honest.py"), problem=str(PROBLEM), device="cpu",
+                        dims={"batch_size": 2}, precision="bf16")
+    assert worker.op_warmup(req).ok
+
+
+def test_profile_pure_pytorch_candidate(build_cache: Path) -> None:
+    proc = kbeval("profile", str(PROBLEM), str(CANDIDATES / "py_honest.py"), "--device", "cpu", "--json",
+                  "--dim", "batch_size=2", cache=build_cache)
+    report = json.loads(proc.stdout)
+    cand, ref = report["candidate_profile"], report["reference"]
+    assert cand["kernels"]["custom"] == 0 and cand["kernels"]["library"] >= 2
+    assert {r["name"] for r in cand["rows"]} >= {"aten::linear", "aten::clamp_min"}
+    assert {r["name"] for r in ref["rows"]} >= {"aten::linear", "aten::relu"}
+    assert all(r["kind"] == "library" and r["calls"] >= 1 for r in cand["rows"] + ref["rows"])
+    assert sum(r["share"] for r in ref["rows"]) == pytest.approx(1.0)
+
+
+def test_profile_of_a_broken_candidate_says_why(build_cache: Path) -> None:
+    proc = kbeval("profile", str(PROBLEM), str(CANDIDATES / "missing_modelnew.py"), "--device", "cpu",
+                  cache=build_cache, check=False)
+    assert proc.returncode == 1 and "load_error" in proc.stdout and "aten::linear" in proc.stdout  # reference shown
+
+
+@pytest.mark.slow
+def test_profile_counts_a_cpp_extension_as_custom(build_cache: Path) -> None:
+    """The one C++ compile here: `ext.relu_loop` (pybind, no aten op) is the candidate's own call."""
+    proc = kbeval("profile", str(PROBLEM), str(CANDIDATES / "cpp_honest.py"), "--device", "cpu", "--json",
+                  cache=build_cache)
+    report = json.loads(proc.stdout)
+    cand = report["candidate_profile"]
+    assert cand["kernels"]["custom"] == 1 and cand["kernels"]["library"] >= 1
+    assert 0 < cand["kernels"]["custom_share"] < 1
+    assert {(r["name"], r["kind"]) for r in cand["rows"]} >= {("relu_loop (extension)", "custom"),
+                                                             ("aten::linear", "library")}
+    assert report["reference"]["kernels"]["custom"] == 0
+
+
+# --- GPU (the lead runs these on a GPU machine) ----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name, custom", [("triton_honest", True), ("triton_torch_only", False)])
+def test_profile_triton_on_cuda(name: str, custom: bool, build_cache: Path) -> None:
+    pytest.importorskip("triton")
+    proc = kbeval("profile", str(PROBLEM), str(TRITON / f"{name}.py"), "--device", "cuda", "--json",
+                  cache=build_cache)
+    kernels = json.loads(proc.stdout)["candidate_profile"]["kernels"]
+    assert (kernels["custom"] >= 1) is custom and kernels["device"] == "cuda"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_profile_cuda_extension_on_cuda(build_cache: Path) -> None:
+    proc = kbeval("profile", str(PROBLEM), str(CANDIDATES / "cuda_relu.py"), "--device", "cuda", "--json",
+                  cache=build_cache)
+    rows = json.loads(proc.stdout)["candidate_profile"]["rows"]
+    assert any(r["kind"] == "custom" and "relu_kernel" in r["name"] for r in rows)
+    assert any(r["kind"] == "library" for r in rows)  # the linear layer's GEMM
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_triton_fixtures_judged_on_cuda(tmp_path: Path, build_cache: Path) -> None:
+    pytest.importorskip("triton")
+    kbeval("run", "--device", "cuda", "--problems", str(FIXTURES / "problems"), "--candidates",
+           str(FIXTURES / "candidates_triton"), "--dim", "batch_size=64", "--timeout", "120", "--out", str(tmp_path),
+           "--run-id", "triton", "--no-compile-baseline", cache=build_cache)
+    verdicts = read_verdicts(tmp_path / "triton")
+    assert verdicts["triton_honest"]["correct"] and verdicts["triton_torch_only"]["correct"]
+    assert verdicts["triton_wrong_mask"]["status"] == "incorrect"  # 1024 outputs, one 256-wide program
+
