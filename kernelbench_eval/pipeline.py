@@ -50,6 +50,8 @@ class RunOptions:
     lanes: int | None = None  # at most this many lanes (on the CPU: this many CPU lanes)
     backend: str = "local"  # or "ray"
     ray_address: str | None = None  # an existing cluster; default: a local Ray instance
+    ray_build_resource: str | None = None  # Ray: compile only on nodes declaring this custom resource
+    ray_judge_resource: str | None = None  # Ray: lanes only on nodes declaring this custom resource
 
     def baselines_path(self) -> Path:
         if self.baselines:
@@ -136,7 +138,7 @@ def _backend(opts: RunOptions) -> Backend:
     if opts.backend == "ray":
         from kernelbench_eval.ray_backend import RayBackend  # optional: `pip install kernelbench-eval[ray]`
 
-        return RayBackend(opts.ray_address)
+        return RayBackend(opts.ray_address, opts.cache_dir, opts.ray_build_resource, opts.ray_judge_resource)
     raise ValueError(f"unknown backend {opts.backend!r} (local or ray)")
 
 
@@ -218,7 +220,8 @@ class _Session:
             compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
         seconds = time.perf_counter() - started
         base = {"compiled": compiled.record.ok, "compile_cached": compiled.cached,
-                "compile_seconds": round(seconds, 3)}  # this run's cost: near zero when cached
+                "compile_seconds": round(seconds, 3),  # this run's cost: near zero when cached
+                "built_on": getattr(compiled, "built_on", None)}  # the Ray node that built it
         if compiled.record.ok:
             return _Built(compiled, seconds, base)
         self._record(cand, seconds, status=compiled.record.status or "compile_error", error=compiled.record.error,
