@@ -128,11 +128,11 @@ class _LaneActor:
 
     def _problem(self, problem: Problem, source: bytes) -> Problem:
         """The problem at a path of this node, written once per source (an equal Problem keeps the session)."""
-        if problem.source_sha256 not in self.problems:
-            path = self.tmp / "problems" / problem.source_sha256[:16] / problem.path.name
-            _write(path, source)
-            self.problems[problem.source_sha256] = dataclasses.replace(problem, path=path)
-        return self.problems[problem.source_sha256]
+        key = f"{problem.source_sha256[:16]}/{problem.path.name}"
+        if key not in self.problems:
+            _write(self.tmp / "problems" / key, source)
+            self.problems[key] = dataclasses.replace(problem, path=self.tmp / "problems" / key)
+        return self.problems[key]
 
     def _build(self, remote: str, packed: list[ray.ObjectRef]) -> Path:
         """The build in this node's cache; fetched (once per node, under the build's lock) only if absent."""
@@ -157,9 +157,12 @@ class _RemoteLane:
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         job = {"problem": problem, "problem_source": self.backend.source(problem.path), "file": path.name,
-               "source": path.read_bytes(), "build": str(compiled.build_dir), "record": compiled.record,
+               "source": self.backend.source(path), "build": str(compiled.build_dir), "record": compiled.record,
                "cached": compiled.cached, "packed": [self.backend.packed[compiled.build_dir.name]]}
-        reply = ray.get(self.actor.evaluate.remote(job))  # a list: the lane fetches the build only if absent
+        try:  # the build as a list: Ray leaves it unfetched, the lane fetches it only if its node lacks it
+            reply = ray.get(self.actor.evaluate.remote(job))
+        finally:
+            self.backend.release(compiled.build_dir.name)
         _write(log, reply["log"])
         _write(ref_log, reply["ref_log"])
         if reply["baseline"]:  # measured (or read) in the lane's copy: the driver's file is the run's
@@ -182,6 +185,7 @@ class RayBackend:
         compiles and lanes on the nodes declaring them; by default compiles go anywhere, lanes to GPUs."""
         self.cache_dir, self.build_resource, self.judge_resource = str(cache_dir), build_resource, judge_resource
         self.packed: dict[str, ray.ObjectRef] = {}  # build name -> its packed bytes, owned here
+        self._uses: dict[str, int] = {}  # evaluations still to come per build: its bytes are freed after
         self._sources: dict[Path, bytes] = {}
         self._lock = threading.Lock()
         self._owns_ray = not ray.is_initialized()
@@ -189,7 +193,14 @@ class RayBackend:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"PYTHONPATH": str(PACKAGE_ROOT)}})
 
+    def release(self, build: str) -> None:
+        with self._lock:
+            self._uses[build] -= 1
+            if not self._uses[build]:
+                del self._uses[build], self.packed[build]
+
     def source(self, path: Path) -> bytes:
+        """A file's bytes as first read: a lane judges the very bytes that were built."""
         with self._lock:
             if path not in self._sources:
                 self._sources[path] = path.read_bytes()
@@ -197,12 +208,14 @@ class RayBackend:
 
     def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled:
         task = _compile_task.options(**_placement(self.build_resource))
-        meta_ref, packed = task.remote(cand, cand.path.read_bytes(), device, str(cache_dir), timeout)
+        meta_ref, packed = task.remote(cand, self.source(cand.path), device, str(cache_dir), timeout)
         meta = ray.get(meta_ref)
         _write(log, meta["log"])
         build = Path(meta["build"])
-        with self._lock:
-            self.packed[build.name] = packed
+        if meta["record"].ok:  # a failed build goes to no lane
+            with self._lock:  # two problems' identical sources share one build
+                self.packed[build.name] = packed
+                self._uses[build.name] = self._uses.get(build.name, 0) + 1
         return RayCompiled(meta["record"], build, meta["cached"], built_on=meta["node"])
 
     def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]:

@@ -10,6 +10,7 @@ without `ray stop` (which would stop every Ray on the machine).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -26,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, kbeval
 
-pytest.importorskip("ray")
+from kernelbench_eval import artifacts
 
 PROBLEMS = FIXTURES / "problems"
 SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"
@@ -100,6 +102,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
+    pytest.importorskip("ray")
     root = Path(tempfile.mkdtemp(prefix="kbr-", dir="/tmp"))  # short: Ray's socket paths live under it
     nodes = Cluster(root)
     try:
@@ -107,6 +110,45 @@ def cluster() -> Iterator[Cluster]:
     finally:
         nodes.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _build(root: Path) -> Path:
+    build = root / "builds" / "0123abcd-2.13.0-cpu"
+    (build / "ext" / "relu").mkdir(parents=True)
+    (build / "compile.json").write_text('{"ok": true}')
+    (build / "ext" / "relu" / "relu.so").write_bytes(bytes(range(256)) * 64)
+    (build / "ext" / "relu" / "lock").write_text("")  # load_inline's lock: means nothing on another node
+    os.utime(build / "ext" / "relu" / "relu.so", (1_700_000_000.25, 1_700_000_000.25))  # ninja compares these
+    return build
+
+
+def test_a_packed_build_unpacks_elsewhere_whole_without_its_locks(tmp_path):
+    data = artifacts.pack(_build(tmp_path / "a"))
+    dest = tmp_path / "b" / "builds" / "0123abcd-2.13.0-cpu"
+    dest.mkdir(parents=True)
+    (dest / "torn.o").write_text("a half-finished build of this node")
+    artifacts.unpack(data, dest)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "compile.json", "ext/relu/relu.so"]
+    assert (dest / "ext" / "relu" / "relu.so").read_bytes() == bytes(range(256)) * 64
+    assert (dest / "ext" / "relu" / "relu.so").stat().st_mtime == 1_700_000_000.25
+
+
+def test_an_altered_build_is_refused_and_nothing_is_placed(tmp_path):
+    data = artifacts.pack(_build(tmp_path / "a"))
+    altered = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=altered, mode="w:gz") as out:
+        for member in src.getmembers():
+            body = src.extractfile(member).read()
+            if member.name.endswith(".so"):
+                body = body[:-1] + b"!"  # same size, one byte changed, manifest kept
+            out.addfile(member, io.BytesIO(body))
+    dest = tmp_path / "b" / "build"
+    with pytest.raises(artifacts.ArtifactError, match="relu.so"):
+        artifacts.unpack(altered.getvalue(), dest)
+    assert not dest.exists() and not list(dest.parent.iterdir())  # no partial build, no leftovers
+    with pytest.raises(artifacts.ArtifactError):
+        artifacts.unpack(b"not a tar", dest)
 
 
 def _candidates(folder: Path, gate: Path | None = None) -> Path:
