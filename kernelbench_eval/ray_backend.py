@@ -26,9 +26,12 @@ import os
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
 from kernelbench_eval import artifacts
 from kernelbench_eval.baselines import BaselineStore
@@ -41,6 +44,7 @@ from kernelbench_eval.process import PACKAGE_ROOT
 
 MARK = 0.001  # of a placement resource, per task or lane: it picks the nodes, it never limits how many
 RETRIES = 3  # a compile or a lane, after its node died
+LANE_WAITS = [1, 2, 4, 8, 15, 30, 30, 30, 30, 30]  # s between calls to a lane being restarted (~3 min in all)
 
 
 @dataclasses.dataclass
@@ -150,17 +154,22 @@ class _LaneActor:
 
 
 class _RemoteLane:
-    """The driver's handle on one lane actor: blocking calls, so `schedule.drive` treats it as a local lane."""
+    """The driver's handle on one lane actor: blocking calls, so `schedule.drive` treats it as a local lane.
 
-    def __init__(self, backend: RayBackend, actor: ray.actor.ActorHandle, baselines: Path) -> None:
-        self.backend, self.actor, self.baselines = backend, actor, baselines
+    A lane whose node is lost is retried here, not only by Ray: while Ray restarts the actor elsewhere its
+    calls fail as unavailable, and once its restarts are spent it is dead and replaced by a new actor.
+    """
+
+    def __init__(self, backend: RayBackend, make: Callable[[], ray.actor.ActorHandle], baselines: Path) -> None:
+        self.backend, self.make, self.baselines = backend, make, baselines
+        self.actor = make()
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         job = {"problem": problem, "problem_source": self.backend.source(problem.path), "file": path.name,
                "source": self.backend.source(path), "build": str(compiled.build_dir), "record": compiled.record,
                "cached": compiled.cached, "packed": [self.backend.packed[compiled.build_dir.name]]}
         try:  # the build as a list: Ray leaves it unfetched, the lane fetches it only if its node lacks it
-            reply = ray.get(self.actor.evaluate.remote(job))
+            reply = self._call(job)
         finally:
             self.backend.release(compiled.build_dir.name)
         _write(log, reply["log"])
@@ -169,9 +178,21 @@ class _RemoteLane:
             BaselineStore(self.baselines).put(Baseline.model_validate(reply["baseline"]))
         return reply["result"]
 
+    def _call(self, job: dict) -> dict:
+        for wait in LANE_WAITS:
+            try:
+                return ray.get(self.actor.evaluate.remote(job))
+            except ActorDiedError:
+                self.actor = self.make()  # wherever Ray finds room: the lost evaluation runs again there
+            except ActorUnavailableError:
+                time.sleep(wait)  # being restarted on another node
+        return ray.get(self.actor.evaluate.remote(job))
+
     def close(self) -> None:
         try:
             ray.get(self.actor.close.remote(), timeout=60)
+        except RayError:
+            pass  # a lane lost with its node has nothing left to close
         finally:
             ray.kill(self.actor)
 
@@ -232,9 +253,12 @@ class RayBackend:
             options["num_gpus"] = 1
         actor = ray.remote(_LaneActor).options(**options)
         baselines = _read(config.baselines)
-        kind = config.settings.device
-        return [_RemoteLane(self, actor.remote(LaneSpec(f"{kind}:{n}"), config, self.cache_dir, baselines),
-                            config.baselines) for n in range(count or 1)]
+
+        def make(n: int) -> Callable[[], ray.actor.ActorHandle]:
+            spec = LaneSpec(f"{config.settings.device}:{n}")
+            return lambda: actor.remote(spec, config, self.cache_dir, baselines)
+
+        return [_RemoteLane(self, make(n), config.baselines) for n in range(count or 1)]
 
     def close(self) -> None:
         self.packed.clear()

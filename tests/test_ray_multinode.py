@@ -1,6 +1,6 @@
-"""`--backend ray` on a real two-node Ray cluster on this machine (two `ray start`, separate temp dirs and
-separate build caches, so nothing is shared but what Ray carries): builds made on the builder node are
-judged on the judge node, and losing the builder node mid-compile costs only that compile.
+"""`--backend ray` on a real Ray cluster on this machine (`ray start` per node, each with its own temp dir
+and build cache, so nothing is shared but what Ray carries): builds made on the builder node are judged on
+the judge node, and losing either node mid-work costs only the work in flight there.
 
 Every process a node started carries this test's token in its environment; that is how the test kills a
 node (its raylet, its workers and their children) and, whatever happens, cleans up all it started,
@@ -33,9 +33,10 @@ from kernelbench_eval import artifacts
 PROBLEMS = FIXTURES / "problems"
 SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"
 GATED = '''import os, pathlib, time
-GATE = pathlib.Path({gate!r})
-if GATE.exists():  # the build waits here until the test has killed the node building it
-    (GATE.parent / f"importing-{{os.getpid()}}").touch()
+STAGE = "compile" if "kbeval-compile-" in os.getcwd() else "eval"
+GATE = pathlib.Path({gates!r}) / STAGE
+if GATE.exists():  # this stage waits here until the test has killed the node running it
+    (GATE.parent / f"{{STAGE}}-started-{{os.getpid()}}").touch()
     while GATE.exists():
         time.sleep(0.2)
 '''
@@ -101,8 +102,9 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # nodes and driver alike, whatever ~/.ray/auth_token holds
     root = Path(tempfile.mkdtemp(prefix="kbr-", dir="/tmp"))  # short: Ray's socket paths live under it
     nodes = Cluster(root)
     try:
@@ -151,13 +153,13 @@ def test_an_altered_build_is_refused_and_nothing_is_placed(tmp_path):
         artifacts.unpack(b"not a tar", dest)
 
 
-def _candidates(folder: Path, gate: Path | None = None) -> Path:
+def _candidates(folder: Path, gates: Path | None = None) -> Path:
     cands = folder / "tiny_linear_relu"
     cands.mkdir(parents=True)
     for name in ("py_honest.py", "py_wrong_shape.py"):
         shutil.copyfile(SOURCES / name, cands / name)
-    if gate:
-        (cands / "py_gated.py").write_text(GATED.format(gate=str(gate)) + (SOURCES / "py_honest.py").read_text())
+    if gates:
+        (cands / "py_gated.py").write_text(GATED.format(gates=str(gates)) + (SOURCES / "py_honest.py").read_text())
     return folder
 
 
@@ -172,17 +174,32 @@ def _verdicts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "verdicts.jsonl").read_text().splitlines()]
 
 
-def test_builds_travel_to_the_judge_node_and_a_lost_builder_costs_only_its_compile(cluster, tmp_path):
-    judge_cache = cluster.start("judge", {"judge": 1}, head=True)
+def _lose_mid(cluster: Cluster, gates: Path, stage: str, node: str, replacement: str, run: subprocess.Popen,
+              resources: dict[str, float]) -> None:
+    """Wait until `stage` of the gated candidate runs on `node`, kill that node, start `replacement`, go on."""
+    deadline = time.monotonic() + 300
+    while not list(gates.glob(f"{stage}-started-*")):
+        assert run.poll() is None and time.monotonic() < deadline, f"the gated {stage} never started"
+        time.sleep(0.5)
+    cluster.kill(node)
+    cluster.start(replacement, resources)
+    (gates / stage).unlink()
+
+
+def test_builds_travel_to_the_judge_node_and_a_lost_node_costs_only_its_work(cluster, tmp_path):
+    """Phase 1: built on one node, judged on another. Phase 2: the builder dies mid-compile, then the judge
+    mid-evaluation; replacements join; every candidate still gets exactly one verdict."""
+    cluster.start("head", {}, head=True)  # the driver's node (it holds the cluster): nothing runs here
     builder_cache = cluster.start("builder1", {"builder": 1})
-    driver_cache = tmp_path / "driver-cache"  # neither node's: every build the judge uses has travelled
+    judge_cache = cluster.start("judge1", {"judge": 1})
+    driver_cache = tmp_path / "driver-cache"  # no node's: every build the judge uses has travelled
 
     kbeval(*_args(cluster, _candidates(tmp_path / "c1"), tmp_path / "out", "placed"), cache=driver_cache)
     verdicts = {v["candidate"]: v for v in _verdicts(tmp_path / "out" / "placed")}
     assert sorted(verdicts) == ["py_honest", "py_wrong_shape"]
     assert verdicts["py_honest"]["correct"] and verdicts["py_wrong_shape"]["status"] == "incorrect"
     for v in verdicts.values():
-        assert v["built_on"].startswith("builder1/") and v["lane"].startswith("ray:judge/"), v
+        assert v["built_on"].startswith("builder1/") and v["lane"].startswith("ray:judge1/"), v
     built = {p.parent.name for p in (builder_cache / "builds").glob("*/compile.json")}
     fetched = {p.parent.name for p in (judge_cache / "builds").glob("*/compile.json")}
     assert len(built) == 2 and fetched == built  # each build made once, then carried to the judge's cache
@@ -190,20 +207,17 @@ def test_builds_travel_to_the_judge_node_and_a_lost_builder_costs_only_its_compi
     log = tmp_path / "out" / "placed" / "logs" / "tiny_linear_relu" / "py_honest.eval.log"
     assert log.exists()  # logs came back as bytes into the driver's run folder
 
-    gate = tmp_path / "gate"
-    gate.touch()
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "compile").touch()
+    (gates / "eval").touch()
     run = subprocess.Popen([sys.executable, "-m", "kernelbench_eval",
-                            *_args(cluster, _candidates(tmp_path / "c2", gate), tmp_path / "out", "lost")],
+                            *_args(cluster, _candidates(tmp_path / "c2", gates), tmp_path / "out", "lost")],
                            cwd=ROOT, env=dict(os.environ, KBEVAL_CACHE_DIR=str(driver_cache), COLUMNS="200"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 240
-        while not list(tmp_path.glob("importing-*")):
-            assert run.poll() is None and time.monotonic() < deadline, "the gated build never started"
-            time.sleep(0.5)
-        cluster.kill("builder1")  # mid-compile: the gated build is in flight there
-        cluster.start("builder2", {"builder": 1})
-        gate.unlink()
+        _lose_mid(cluster, gates, "compile", "builder1", "builder2", run, {"builder": 1})
+        _lose_mid(cluster, gates, "eval", "judge1", "judge2", run, {"judge": 1})
         out, _ = run.communicate(timeout=480)
     finally:
         if run.poll() is None:
@@ -213,4 +227,5 @@ def test_builds_travel_to_the_judge_node_and_a_lost_builder_costs_only_its_compi
     lost = _verdicts(tmp_path / "out" / "lost")
     assert sorted(v["candidate"] for v in lost) == ["py_gated", "py_honest", "py_wrong_shape"]  # each once
     gated = next(v for v in lost if v["candidate"] == "py_gated")
-    assert gated["built_on"].startswith("builder2/") and gated["correct"], gated
+    assert gated["built_on"].startswith("builder2/") and gated["lane"].startswith("ray:judge2/"), gated
+    assert gated["correct"], gated
