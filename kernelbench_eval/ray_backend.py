@@ -14,8 +14,9 @@ What travels, and how (nothing assumes a shared filesystem):
   hold the build yet;
 - logs and baselines: they come back as bytes and the driver writes them into the run folder.
 
-Faults: Ray retries a compile whose node died (and rebuilds a build whose bytes died with their node),
-and restarts a lane actor elsewhere, retrying the evaluation it had in flight. Only the driver records
+Faults: Ray retries a compile whose node died (and rebuilds a build whose bytes died with their node);
+a lane whose node died is restarted elsewhere (by Ray, or replaced by the driver) and judges its
+candidate again. Only the driver records
 verdicts, once each, as they arrive, so a lost node costs only its work in flight and `--resume` works.
 """
 
