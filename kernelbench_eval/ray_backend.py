@@ -1,4 +1,4 @@
-"""`--backend ray`: compiles as Ray tasks spread over every node's CPUs, evaluation lanes as Ray actors (one
+"""`--backend ray`: compiles as Ray tasks on any node's free CPUs, evaluation lanes as Ray actors (one
 GPU each, or one CPU for CPU runs), on a cluster whose nodes share no filesystem.
 
 Why actors and not one task per evaluation: a lane keeps its problem's reference session open between
