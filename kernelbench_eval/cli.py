@@ -67,6 +67,10 @@ LanesOpt = Annotated[int | None, typer.Option(
 BackendOpt = Annotated[str, typer.Option("--backend", help="local, or ray (pip install kernelbench-eval[ray])")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     "--address", help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray instance")]
+RayBuildOpt = Annotated[str | None, typer.Option(
+    "--ray-build-resource", help="Ray: compile only on nodes declaring this custom resource (ray start --resources)")]
+RayJudgeOpt = Annotated[str | None, typer.Option(
+    "--ray-judge-resource", help="Ray: evaluation lanes only on nodes declaring this custom resource")]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
 
@@ -162,6 +166,8 @@ def run_cmd(
     lanes: LanesOpt = None,
     backend: BackendOpt = "local",
     address: RayAddressOpt = None,
+    ray_build_resource: RayBuildOpt = None,
+    ray_judge_resource: RayJudgeOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
     settings = _settings(device, dim, threads, trials=trials, **_precision(precision, tolerance, atol, rtol),
@@ -173,7 +179,8 @@ def run_cmd(
                       run_id=run_id, resume=resume, jobs=jobs, timeout=timeout, compile_timeout=compile_timeout,
                       cache_dir=cache_dir or default_cache_dir(), only=problem, baselines=baselines,
                       gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None, lanes=lanes,
-                      backend=backend, ray_address=address)
+                      backend=backend, ray_address=address, ray_build_resource=ray_build_resource,
+                      ray_judge_resource=ray_judge_resource)
     try:
         total = len(discover(problems, candidates, problem).candidates)
         result = _run_with_progress(opts, total)

@@ -213,7 +213,8 @@ class Findings(BaseModel):
     ref_runtime_stats: TimingStats | None = None
     timing: Timing | None = None
     problem_warning: str | None = None
-    lane: str | None = None  # the evaluation lane (GPU) that judged it: "cuda:1", "cpu:0"
+    lane: str | None = None  # the evaluation lane (GPU) that judged it: "cuda:1", "cpu:0", "ray:NODE/cuda:0"
+    built_on: str | None = None  # Ray runs: the node that built it ("NAME/node-id-prefix")
     duplicate_of: str | None = None  # same bytes as this candidate of the same problem: judged once, reused
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None

@@ -51,6 +51,8 @@ class RunOptions:
     lanes: int | None = None  # at most this many lanes (on the CPU: this many CPU lanes)
     backend: str = "local"  # or "ray"
     ray_address: str | None = None  # an existing cluster; default: a local Ray instance
+    ray_build_resource: str | None = None  # Ray: compile only on nodes declaring this custom resource
+    ray_judge_resource: str | None = None  # Ray: lanes only on nodes declaring this custom resource
 
     def baselines_path(self) -> Path:
         if self.baselines:
@@ -137,7 +139,7 @@ def _backend(opts: RunOptions) -> Backend:
     if opts.backend == "ray":
         from kernelbench_eval.ray_backend import RayBackend  # optional: `pip install kernelbench-eval[ray]`
 
-        return RayBackend(opts.ray_address)
+        return RayBackend(opts.ray_address, opts.cache_dir, opts.ray_build_resource, opts.ray_judge_resource)
     raise ValueError(f"unknown backend {opts.backend!r} (local or ray)")
 
 
@@ -288,6 +290,7 @@ def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findi
     """What the build settles, added to the findings: this run's compile cost (near zero when cached)."""
     findings.compiled, findings.compile_cached = compiled.record.ok, compiled.cached
     findings.compile_seconds = round(seconds, 3)
+    findings.built_on = getattr(compiled, "built_on", None)  # the Ray node that built it
     return findings
 
 

@@ -67,6 +67,7 @@ def test_ray_backend_end_to_end_and_resume(fixture_run, build_cache, tmp_path):
     assert statuses(run_dir) == want
     judged = [v for v in got.values() if v["status"] in ("ok", "incorrect", "timeout", "crashed", "runtime_error")]
     assert judged and all(v["lane"].startswith("ray:") for v in judged)
+    assert all(v["built_on"] and v["lane"].startswith(f"ray:{v['built_on']}/") for v in judged)  # one node here
     assert got["cpp_honest"]["runtime_ms"] > 0 and got["cpp_honest"]["speedup_vs_eager"] > 0
 
     lines = (run_dir / "verdicts.jsonl").read_text().splitlines()

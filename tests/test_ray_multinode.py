@@ -1,0 +1,231 @@
+"""`--backend ray` on a real Ray cluster on this machine (`ray start` per node, each with its own temp dir
+and build cache, so nothing is shared but what Ray carries): builds made on the builder node are judged on
+the judge node, and losing either node mid-work costs only the work in flight there.
+
+Every process a node started carries this test's token in its environment; that is how the test kills a
+node (its raylet, its workers and their children) and, whatever happens, cleans up all it started,
+without `ray stop` (which would stop every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, kbeval
+
+from kernelbench_eval import artifacts
+
+PROBLEMS = FIXTURES / "problems"
+SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"
+GATED = '''import os, pathlib, time
+STAGE = "compile" if "kbeval-compile-" in os.getcwd() else "eval"
+GATE = pathlib.Path({gates!r}) / STAGE
+if GATE.exists():  # this stage waits here until the test has killed the node running it
+    (GATE.parent / f"{{STAGE}}-started-{{os.getpid()}}").touch()
+    while GATE.exists():
+        time.sleep(0.2)
+'''
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tagged(token: str) -> list[int]:
+    """Processes whose environment carries `token` (readable for this user's processes only)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if f"KBEVAL_TEST_NODE={token}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.tokens: dict[str, str] = {}
+
+    def start(self, name: str, resources: dict[str, float], head: bool = False) -> Path:
+        """One node, with its own temp dir and build cache (returned); names it for `built_on` and `lane`."""
+        token = self.tokens[name] = uuid.uuid4().hex
+        cache = self.root / f"cache-{name}"
+        ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"]
+        cmd = ["ray", "start", "--num-cpus", "1", "--node-name", name, "--resources", json.dumps(resources),
+               "--temp-dir", str(self.root / f"ray-{name}"), "--disable-usage-stats", "--object-store-memory",
+               str(100 * 1024 * 1024)] + [arg for flag in ports for arg in (flag, str(_port()))]
+        cmd += (["--head", "--port", str(self.port), "--include-dashboard", "false"] if head
+                else ["--address", self.address])
+        env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), KBEVAL_TEST_NODE=token, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return cache
+
+    def kill(self, name: str) -> None:
+        """SIGKILL every process of one node, until none is left (a node lost, not stopped)."""
+        for _ in range(50):
+            pids = _tagged(self.tokens[name])
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        raise AssertionError(f"node {name} outlived SIGKILL: {_tagged(self.tokens[name])}")
+
+    def stop(self) -> None:
+        for name in reversed(list(self.tokens)):
+            self.kill(name)
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # nodes and driver alike, whatever ~/.ray/auth_token holds
+    root = Path(tempfile.mkdtemp(prefix="kbr-", dir="/tmp"))  # short: Ray's socket paths live under it
+    nodes = Cluster(root)
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _build(root: Path) -> Path:
+    build = root / "builds" / "0123abcd-2.13.0-cpu"
+    (build / "ext" / "relu").mkdir(parents=True)
+    (build / "compile.json").write_text('{"ok": true}')
+    (build / "ext" / "relu" / "relu.so").write_bytes(bytes(range(256)) * 64)
+    (build / "ext" / "relu" / "lock").write_text("")  # load_inline's lock: means nothing on another node
+    os.utime(build / "ext" / "relu" / "relu.so", (1_700_000_000.25, 1_700_000_000.25))  # ninja compares these
+    return build
+
+
+def test_a_packed_build_unpacks_elsewhere_whole_without_its_locks(tmp_path):
+    data = artifacts.pack(_build(tmp_path / "a"))
+    dest = tmp_path / "b" / "builds" / "0123abcd-2.13.0-cpu"
+    dest.mkdir(parents=True)
+    (dest / "torn.o").write_text("a half-finished build of this node")
+    artifacts.unpack(data, dest)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "compile.json", "ext/relu/relu.so"]
+    assert (dest / "ext" / "relu" / "relu.so").read_bytes() == bytes(range(256)) * 64
+    assert (dest / "ext" / "relu" / "relu.so").stat().st_mtime == 1_700_000_000.25
+
+
+def test_an_altered_build_is_refused_and_nothing_is_placed(tmp_path):
+    data = artifacts.pack(_build(tmp_path / "a"))
+    altered = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=altered, mode="w:gz") as out:
+        for member in src.getmembers():
+            body = src.extractfile(member).read()
+            if member.name.endswith(".so"):
+                body = body[:-1] + b"!"  # same size, one byte changed, manifest kept
+            out.addfile(member, io.BytesIO(body))
+    dest = tmp_path / "b" / "build"
+    with pytest.raises(artifacts.ArtifactError, match="relu.so"):
+        artifacts.unpack(altered.getvalue(), dest)
+    assert not dest.exists() and not list(dest.parent.iterdir())  # no partial build, no leftovers
+    with pytest.raises(artifacts.ArtifactError):
+        artifacts.unpack(b"not a tar", dest)
+
+
+def _candidates(folder: Path, gates: Path | None = None) -> Path:
+    cands = folder / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    for name in ("py_honest.py", "py_wrong_shape.py"):
+        shutil.copyfile(SOURCES / name, cands / name)
+    if gates:
+        (cands / "py_gated.py").write_text(GATED.format(gates=str(gates)) + (SOURCES / "py_honest.py").read_text())
+    return folder
+
+
+def _args(cluster: Cluster, candidates: Path, out: Path, run_id: str) -> list[str]:
+    return ["run", "--device", "cpu", "--problems", str(PROBLEMS), "--candidates", str(candidates),
+            "--timeout", "60", "--trials", "2", "--no-compile-baseline", "--lanes", "1", "--jobs", "2",
+            "--backend", "ray", "--address", cluster.address, "--ray-build-resource", "builder",
+            "--ray-judge-resource", "judge", "--out", str(out), "--run-id", run_id]
+
+
+def _verdicts(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "verdicts.jsonl").read_text().splitlines()]
+
+
+def _lose_mid(cluster: Cluster, gates: Path, stage: str, node: str, replacement: str, run: subprocess.Popen,
+              resources: dict[str, float]) -> None:
+    """Wait until `stage` of the gated candidate runs on `node`, kill that node, start `replacement`, go on."""
+    deadline = time.monotonic() + 300
+    while not list(gates.glob(f"{stage}-started-*")):
+        assert run.poll() is None and time.monotonic() < deadline, f"the gated {stage} never started"
+        time.sleep(0.5)
+    cluster.kill(node)
+    cluster.start(replacement, resources)
+    (gates / stage).unlink()
+
+
+def test_builds_travel_to_the_judge_node_and_a_lost_node_costs_only_its_work(cluster, tmp_path):
+    """Phase 1: built on one node, judged on another. Phase 2: the builder dies mid-compile, then the judge
+    mid-evaluation; replacements join; every candidate still gets exactly one verdict."""
+    cluster.start("head", {}, head=True)  # the driver's node (it holds the cluster): nothing runs here
+    builder_cache = cluster.start("builder1", {"builder": 1})
+    judge_cache = cluster.start("judge1", {"judge": 1})
+    driver_cache = tmp_path / "driver-cache"  # no node's: every build the judge uses has travelled
+
+    kbeval(*_args(cluster, _candidates(tmp_path / "c1"), tmp_path / "out", "placed"), cache=driver_cache)
+    verdicts = {v["candidate"]: v for v in _verdicts(tmp_path / "out" / "placed")}
+    assert sorted(verdicts) == ["py_honest", "py_wrong_shape"]
+    assert verdicts["py_honest"]["correct"] and verdicts["py_wrong_shape"]["status"] == "incorrect"
+    for v in verdicts.values():
+        assert v["built_on"].startswith("builder1/") and v["lane"].startswith("ray:judge1/"), v
+    built = {p.parent.name for p in (builder_cache / "builds").glob("*/compile.json")}
+    fetched = {p.parent.name for p in (judge_cache / "builds").glob("*/compile.json")}
+    assert len(built) == 2 and fetched == built  # each build made once, then carried to the judge's cache
+    assert not driver_cache.exists()
+    log = tmp_path / "out" / "placed" / "logs" / "tiny_linear_relu" / "py_honest.eval.log"
+    assert log.exists()  # logs came back as bytes into the driver's run folder
+
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "compile").touch()
+    (gates / "eval").touch()
+    run = subprocess.Popen([sys.executable, "-m", "kernelbench_eval",
+                            *_args(cluster, _candidates(tmp_path / "c2", gates), tmp_path / "out", "lost")],
+                           cwd=ROOT, env=dict(os.environ, KBEVAL_CACHE_DIR=str(driver_cache), COLUMNS="200"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _lose_mid(cluster, gates, "compile", "builder1", "builder2", run, {"builder": 1})
+        _lose_mid(cluster, gates, "eval", "judge1", "judge2", run, {"judge": 1})
+        out, _ = run.communicate(timeout=480)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, out
+    lost = _verdicts(tmp_path / "out" / "lost")
+    assert sorted(v["candidate"] for v in lost) == ["py_gated", "py_honest", "py_wrong_shape"]  # each once
+    gated = next(v for v in lost if v["candidate"] == "py_gated")
+    assert gated["built_on"].startswith("builder2/") and gated["lane"].startswith("ray:judge2/"), gated
+    assert gated["correct"], gated
