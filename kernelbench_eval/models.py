@@ -79,14 +79,15 @@ class RunSettings(BaseModel):
     max_speedup: float = Field(10.0, ge=0)  # a faster claim is `suspicious` (0: no limit)
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
+    smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
 
     def key(self) -> str:
-        return _digest(self.model_dump(mode="json"))
+        return _digest(self.model_dump(mode="json", exclude={"smoke"}))  # the fields it set are in the key
 
     def timing_key(self) -> str:
         """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
         return _digest(self.model_dump(mode="json", exclude={"trials", "atol", "rtol", "max_speedup",
-                                                             "compile_baseline"}))
+                                                             "compile_baseline", "smoke"}))
 
 
 def _digest(payload: object) -> str:
@@ -151,7 +152,7 @@ class RunManifest(BaseModel):
 
     run_id: str
     settings: RunSettings
-    problems_dir: str
+    problems_dir: str  # absolute, so a resume works from any folder (older runs: see pipeline.manifest_dirs)
     candidates_dir: str
     only: list[str] | None = None  # `--problem` filter: a resume judges the same problems
     torch_version: str
