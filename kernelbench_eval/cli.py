@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelbench_eval import options as opt
 from kernelbench_eval.compare import changes_table, compare_runs
 from kernelbench_eval.discover import (
     Discovery,
@@ -50,50 +51,6 @@ console = Console()
 DEFAULT_JOBS = os.cpu_count() or 1
 err = Console(stderr=True)
 
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
-JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
-CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
-TrialsOpt = Annotated[int | None, typer.Option("--trials", help="correctness trials, each on fresh random inputs "
-                                                                "[default: 5; --smoke: 2]")]
-AtolOpt = Annotated[float, typer.Option("--atol", help="absolute tolerance")]
-RtolOpt = Annotated[float, typer.Option("--rtol", help="relative tolerance")]
-RepsOpt = Annotated[int | None, typer.Option("--reps", help="timed calls per model, at least (budget allowing) "
-                                                            "[default: 100; --smoke: 10]")]
-WarmupOpt = Annotated[int | None, typer.Option("--warmup", help="untimed calls before timing, at most "
-                                                                "[default: 10; --smoke: 2]")]
-WarmupSecondsOpt = Annotated[float | None, typer.Option("--warmup-seconds", help="warm-up stops after this long "
-                                                                                 "[default: 1.0; --smoke: 0.2]")]
-MaxRepsOpt = Annotated[int | None, typer.Option("--max-reps", help="timed calls per model, at most "
-                                                                   "[default: 2000; --smoke: 100]")]
-RseOpt = Annotated[float, typer.Option("--target-rse", help="stop timing once the median's relative std. error "
-                                                            "is below this")]
-BudgetOpt = Annotated[float | None, typer.Option("--timing-budget", help="seconds of timing per candidate, at most "
-                                                                         "[default: 10; --smoke: 2]")]
-GraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="time CUDA-graph replays (falls back to plain calls)")]
-CompileBaselineOpt = Annotated[bool | None, typer.Option(
-    "--compile-baseline/--no-compile-baseline", help="time the reference under torch.compile too "
-                                                     "[default: on; --smoke: off]")]
-MaxSpeedupOpt = Annotated[float, typer.Option("--max-speedup", help="a larger speedup is `suspicious` (0: no limit)")]
-BaselinesOpt = Annotated[Path | None, typer.Option(
-    "--baselines", help="baseline cache file (default OUT/baselines.json)")]
-DimOpt = Annotated[list[str] | None, typer.Option(
-    "--dim", metavar="NAME=N", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable; "
-                                    "wins over --smoke)")]
-SmokeOpt = Annotated[bool, typer.Option(
-    "--smoke", help="a quick CPU-sized run: each problem's KBEVAL_SMOKE_DIMS sizes, fewer trials and timed calls, "
-                    "no torch.compile baseline (explicit options win)")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
-GpusOpt = Annotated[str | None, typer.Option(
-    "--gpus", help="GPUs to evaluate on, one lane each, e.g. 0,1 (default: all visible)")]
-LanesOpt = Annotated[int | None, typer.Option(
-    "--lanes", help="evaluation lanes, at most (CPU: this many; Ray: default one per GPU of the cluster)")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="local, or ray (pip install 'kernelbench-eval[ray]')")]
-RayAddressOpt = Annotated[str | None, typer.Option(
-    "--address", help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray instance")]
-CacheOpt = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
-
 def _warn(message: str) -> None:
     err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
@@ -118,31 +75,31 @@ def run_cmd(
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="continue this run folder, from any folder, with its recorded folders and settings")] = None,
     problem: Annotated[list[str] | None, typer.Option("--problem", metavar="ID", help="only these problem ids")] = None,
-    smoke: SmokeOpt = False,
-    device: DeviceOpt = "auto",
-    jobs: JobsOpt = DEFAULT_JOBS,
-    timeout: TimeoutOpt = 300.0,
-    compile_timeout: CompileTimeoutOpt = 600.0,
-    trials: TrialsOpt = None,
-    atol: AtolOpt = 1e-2,
-    rtol: RtolOpt = 1e-2,
-    reps: RepsOpt = None,
-    warmup: WarmupOpt = None,
-    warmup_seconds: WarmupSecondsOpt = None,
-    max_reps: MaxRepsOpt = None,
-    target_rse: RseOpt = 0.01,
-    timing_budget: BudgetOpt = None,
-    cuda_graph: GraphOpt = False,
-    compile_baseline: CompileBaselineOpt = None,
-    max_speedup: MaxSpeedupOpt = 10.0,
-    dim: DimOpt = None,
-    threads: ThreadsOpt = None,
-    cache_dir: CacheOpt = None,
-    baselines: BaselinesOpt = None,
-    gpus: GpusOpt = None,
-    lanes: LanesOpt = None,
-    backend: BackendOpt = "local",
-    address: RayAddressOpt = None,
+    smoke: opt.SmokeOpt = False,
+    device: opt.DeviceOpt = "auto",
+    jobs: opt.JobsOpt = DEFAULT_JOBS,
+    timeout: opt.TimeoutOpt = 300.0,
+    compile_timeout: opt.CompileTimeoutOpt = 600.0,
+    trials: opt.TrialsOpt = None,
+    atol: opt.AtolOpt = 1e-2,
+    rtol: opt.RtolOpt = 1e-2,
+    reps: opt.RepsOpt = None,
+    warmup: opt.WarmupOpt = None,
+    warmup_seconds: opt.WarmupSecondsOpt = None,
+    max_reps: opt.MaxRepsOpt = None,
+    target_rse: opt.RseOpt = 0.01,
+    timing_budget: opt.BudgetOpt = None,
+    cuda_graph: opt.GraphOpt = False,
+    compile_baseline: opt.CompileBaselineOpt = None,
+    max_speedup: opt.MaxSpeedupOpt = 10.0,
+    dim: opt.DimOpt = None,
+    threads: opt.ThreadsOpt = None,
+    cache_dir: opt.CacheOpt = None,
+    baselines: opt.BaselinesOpt = None,
+    gpus: opt.GpusOpt = None,
+    lanes: opt.LanesOpt = None,
+    backend: opt.BackendOpt = "local",
+    address: opt.RayAddressOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
     timing = {"trials": trials, "reps": reps, "warmup": warmup, "warmup_seconds": warmup_seconds,
@@ -195,33 +152,33 @@ def _print_result(result: RunResult) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
-                                                 dir_okay=False)],
-    candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
-                                                   dir_okay=False)],
+    problem_file: Annotated[Path, typer.Argument(
+        help="the problem's .py file (class Model)", exists=True, dir_okay=False, metavar="PROBLEM_FILE")],
+    candidate_file: Annotated[Path, typer.Argument(
+        help="the candidate's .py file (class ModelNew)", exists=True, dir_okay=False, metavar="CANDIDATE_FILE")],
     out: Annotated[Path | None, typer.Option(
         "--out", help="results folder, kept (default: a temporary one, removed at the end)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the verdict as JSON")] = False,
-    smoke: SmokeOpt = False,
-    device: DeviceOpt = "auto",
-    timeout: TimeoutOpt = 300.0,
-    compile_timeout: CompileTimeoutOpt = 600.0,
-    trials: TrialsOpt = None,
-    atol: AtolOpt = 1e-2,
-    rtol: RtolOpt = 1e-2,
-    reps: RepsOpt = None,
-    warmup: WarmupOpt = None,
-    warmup_seconds: WarmupSecondsOpt = None,
-    max_reps: MaxRepsOpt = None,
-    target_rse: RseOpt = 0.01,
-    timing_budget: BudgetOpt = None,
-    cuda_graph: GraphOpt = False,
-    compile_baseline: CompileBaselineOpt = None,
-    max_speedup: MaxSpeedupOpt = 10.0,
-    dim: DimOpt = None,
-    threads: ThreadsOpt = None,
-    cache_dir: CacheOpt = None,
-    baselines: BaselinesOpt = None,
+    smoke: opt.SmokeOpt = False,
+    device: opt.DeviceOpt = "auto",
+    timeout: opt.TimeoutOpt = 300.0,
+    compile_timeout: opt.CompileTimeoutOpt = 600.0,
+    trials: opt.TrialsOpt = None,
+    atol: opt.AtolOpt = 1e-2,
+    rtol: opt.RtolOpt = 1e-2,
+    reps: opt.RepsOpt = None,
+    warmup: opt.WarmupOpt = None,
+    warmup_seconds: opt.WarmupSecondsOpt = None,
+    max_reps: opt.MaxRepsOpt = None,
+    target_rse: opt.RseOpt = 0.01,
+    timing_budget: opt.BudgetOpt = None,
+    cuda_graph: opt.GraphOpt = False,
+    compile_baseline: opt.CompileBaselineOpt = None,
+    max_speedup: opt.MaxSpeedupOpt = 10.0,
+    dim: opt.DimOpt = None,
+    threads: opt.ThreadsOpt = None,
+    cache_dir: opt.CacheOpt = None,
+    baselines: opt.BaselinesOpt = None,
 ) -> None:
     """Judge one candidate file against one problem file and print its verdict."""
     if problem_file.suffix != ".py":
@@ -264,9 +221,9 @@ def eval_cmd(
 @app.command("problems")
 def problems_cmd(
     problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
-    dim: DimOpt = None,
+    dim: opt.DimOpt = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="each problem at its KBEVAL_SMOKE_DIMS sizes")] = False,
-    timeout: TimeoutOpt = 120.0,
+    timeout: opt.TimeoutOpt = 120.0,
 ) -> None:
     """List the problems with their input shapes (each problem is imported in its own process)."""
     warnings: list[str] = []
@@ -298,7 +255,7 @@ def _load_run_or_exit(run_dir: Path) -> list[Verdict]:
 
 @app.command("report")
 def report_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)", metavar="RUN_DIR")],
     fmt: Annotated[str, typer.Option("--format", "-f", help=f"one of: {', '.join(FORMATS)}")] = "table",
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="write here instead of stdout (html defaults to RUN_DIR/report.html)")] = None,
@@ -321,8 +278,8 @@ def report_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    run_a: Annotated[Path, typer.Argument(help="the earlier run folder (the baseline)")],
-    run_b: Annotated[Path, typer.Argument(help="the later run folder")],
+    run_a: Annotated[Path, typer.Argument(help="the earlier run folder (the baseline)", metavar="RUN_A")],
+    run_b: Annotated[Path, typer.Argument(help="the later run folder", metavar="RUN_B")],
     threshold: Annotated[float, typer.Option(
         "--threshold", help="relative runtime change that counts as faster/slower (0.05 = 5%)", min=0.0)] = 0.05,
 ) -> None:
@@ -345,7 +302,7 @@ def compare_cmd(
 
 @app.command("gate")
 def gate_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)", metavar="RUN_DIR")],
     require_correct: Annotated[bool, typer.Option(
         "--require-correct/--no-require-correct", help="every candidate must be correct")] = True,
     min_speedup: Annotated[float | None, typer.Option(

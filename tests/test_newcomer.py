@@ -161,20 +161,17 @@ def test_runs_with_nothing_to_judge_are_usage_errors(build_cache, tmp_path):
         "unknown id": ("--candidates", str(candidates), "--problem", "nosuch"),
         "unknown dim": ("--candidates", str(candidates), "--dim", "nosuchname=3"),
     }
-    for name, args in cases.items():
-        proc = kbeval("run", *FAST, "--problems", str(problems), "--out", str(out), *args, cache=build_cache,
-                      check=False)
+    procs = {name: kbeval("run", *FAST, "--problems", str(problems), "--out", str(out), *args, cache=build_cache,
+                          check=False) for name, args in cases.items()}
+    for name, proc in procs.items():
         assert proc.returncode == 2 and no_traceback(proc), (name, proc.stderr)
         assert "verdicts:" not in proc.stdout, name  # no path of a file never written
-        if name in ("empty", "orphans"):
-            assert "no candidates to judge" in proc.stderr
     assert not out.exists()  # nothing was started, so no run folder
-    unknown = kbeval("run", *FAST, "--problems", str(problems), "--candidates", str(candidates), "--problem",
-                     "nosuch", cache=build_cache, check=False)
-    assert "unknown problem id 'nosuch'; known: tiny" in unknown.stderr
-    dim = kbeval("run", *FAST, "--problems", str(problems), "--candidates", str(candidates), "--dim", "nosuchname=3",
-                 cache=build_cache, check=False)
-    assert "--dim: nosuchname is in no problem of this run; known: batch_size, n" in dim.stderr
+    assert "no candidates to judge" in procs["empty"].stderr
+    assert "no problem named 'no_such_problem'" in procs["orphans"].stderr
+    assert "no candidates to judge" in procs["orphans"].stderr.splitlines()[-1]
+    assert "unknown problem id 'nosuch'; known: tiny" in procs["unknown id"].stderr
+    assert "--dim: nosuchname is in no problem of this run; known: batch_size, n" in procs["unknown dim"].stderr
 
 
 def test_eval_of_a_non_python_file_and_no_leftover_folder(build_cache, tmp_path, monkeypatch):
