@@ -99,11 +99,11 @@ def plan_run(resume: Path | None, problems: Path, candidates: Path, only: list[s
     found = discover(problems, candidates, only)
     check_problem_ids(only, found.problems)
     judged = [found.problems[pid] for pid in dict.fromkeys(c.problem_id for c in found.candidates)]
-    settings = settings or make_settings(judged, found.warnings)
-    if not found.candidates:
+    if not found.candidates:  # before the settings: a --dim checked against no problem would mislead
         for warning in found.warnings:
             warn(warning)
         what = f"for --problem {', '.join(only)} " if only else ""
         raise ValueError(f"{candidates}: no candidates to judge {what}(expected {candidates}/<problem_id>/*.py, "
                          f"with <problem_id>.py under {problems})")
+    settings = settings or make_settings(judged, found.warnings)
     return found, settings, Plan.of(found, settings, previous)
