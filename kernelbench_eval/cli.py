@@ -7,6 +7,7 @@ missing folders or files).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from datetime import datetime
@@ -14,120 +15,53 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
+from kernelbench_eval import options as opt
 from kernelbench_eval.compare import changes_table, compare_runs
-from kernelbench_eval.discover import Discovery, Problem, discover, find_problems, make_candidate, sha256_file
-from kernelbench_eval.display import print_verdict_detail, status_counts, verdict_table
+from kernelbench_eval.discover import (
+    Discovery,
+    Problem,
+    check_dims,
+    find_problems,
+    make_candidate,
+    sha256_file,
+    smoke_dims,
+)
+from kernelbench_eval.display import print_log_tail, print_verdict_detail, status_counts, verdict_table
 from kernelbench_eval.gate import BASELINES, GateUsageError, check_gate
 from kernelbench_eval.judge import describe_problem
 from kernelbench_eval.models import RunSettings, Verdict
-from kernelbench_eval.pipeline import RunOptions, RunResult, default_cache_dir, resolve_device, run
-from kernelbench_eval.precision import PRECISIONS, TOLERANCE_PRESETS
-from kernelbench_eval.precision import tolerance as preset_tolerance
+from kernelbench_eval.pipeline import (
+    RunOptions,
+    RunResult,
+    default_cache_dir,
+    run,
+)
+from kernelbench_eval.plan import build_settings, parse_dims, plan_run, precision_settings
+from kernelbench_eval.progress import RunProgress
 from kernelbench_eval.report import FORMATS, fast_p_text, load_run, render, write_default_reports
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)
 console = Console()
 DEFAULT_JOBS = os.cpu_count() or 1
 err = Console(stderr=True)
 
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
-JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
-CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
-TrialsOpt = Annotated[int, typer.Option("--trials", help="correctness trials, each on fresh random inputs")]
-AtolOpt = Annotated[float | None, typer.Option("--atol", help="absolute tolerance (default: by --tolerance)")]
-RtolOpt = Annotated[float | None, typer.Option("--rtol", help="relative tolerance (default: by --tolerance)")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help=f"dtype of inputs and models: {', '.join(PRECISIONS)}")]
-ToleranceOpt = Annotated[str, typer.Option(
-    "--tolerance", help="tolerance preset: default (1e-2) or kernelbench (fp32 1e-4, fp16/bf16 1e-2)")]
-RepsOpt = Annotated[int, typer.Option("--reps", help="timed calls per model, at least (budget allowing)")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed calls before timing, at most")]
-WarmupSecondsOpt = Annotated[float, typer.Option("--warmup-seconds", help="warm-up stops after this long")]
-MaxRepsOpt = Annotated[int, typer.Option("--max-reps", help="timed calls per model, at most")]
-RseOpt = Annotated[float, typer.Option("--target-rse", help="stop timing once the median's relative std. error "
-                                                            "is below this")]
-BudgetOpt = Annotated[float, typer.Option("--timing-budget", help="seconds of timing per candidate, at most")]
-GraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="time CUDA-graph replays (falls back to plain calls)")]
-CompileBaselineOpt = Annotated[bool, typer.Option("--compile-baseline/--no-compile-baseline",
-                                                  help="time the reference under torch.compile too")]
-MaxSpeedupOpt = Annotated[float, typer.Option("--max-speedup", help="a larger speedup is `suspicious` (0: no limit)")]
-BaselinesOpt = Annotated[Path | None, typer.Option(
-    "--baselines", help="baseline cache file (default OUT/baselines.json)")]
-DimOpt = Annotated[list[str] | None, typer.Option(
-    "--dim", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable)")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
-GpusOpt = Annotated[str | None, typer.Option(
-    "--gpus", help="GPUs to evaluate on, one lane each, e.g. 0,1 (default: all visible)")]
-LanesOpt = Annotated[int | None, typer.Option(
-    "--lanes", help="evaluation lanes, at most (CPU: this many; Ray: default one per GPU of the cluster)")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="local, or ray (pip install kernelbench-eval[ray])")]
-RayAddressOpt = Annotated[str | None, typer.Option(
-    "--address", help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray instance")]
-RayBuildOpt = Annotated[str | None, typer.Option(
-    "--ray-build-resource", help="Ray: compile only on nodes declaring this custom resource (ray start --resources)")]
-RayJudgeOpt = Annotated[str | None, typer.Option(
-    "--ray-judge-resource", help="Ray: evaluation lanes only on nodes declaring this custom resource")]
-CacheOpt = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
+def _warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
-def _settings(device: str, dims: list[str] | None, threads: int | None, **timing: float | int | bool) -> RunSettings:
-    """The run's settings; on the CPU the thread count is always fixed (and so reported)."""
-    resolved = resolve_device(device)
-    if resolved not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"unknown device {device!r}; use auto, cuda or cpu", param_hint="--device")
-    if resolved == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise typer.BadParameter("CUDA requested but torch sees no GPU", param_hint="--device")
-    if resolved == "cpu" and threads is None:
-        import torch
-
-        threads = torch.get_num_threads()
-    return RunSettings(device=resolved, dims=_parse_dims(dims or []), threads=threads, **timing)
-
-
-def _precision(precision: str, preset: str, atol: float | None, rtol: float | None) -> dict[str, object]:
-    """precision, atol and rtol for RunSettings: the preset's values for the precision unless given."""
-    if precision not in PRECISIONS:
-        raise typer.BadParameter(f"{precision!r}: use one of {', '.join(PRECISIONS)}", param_hint="--precision")
-    if preset not in TOLERANCE_PRESETS:
-        raise typer.BadParameter(f"{preset!r}: use one of {', '.join(TOLERANCE_PRESETS)}", param_hint="--tolerance")
-    default_atol, default_rtol = preset_tolerance(precision, preset)
-    return {"precision": precision, "atol": default_atol if atol is None else atol,
-            "rtol": default_rtol if rtol is None else rtol}
-
-
-def _parse_dims(items: list[str]) -> dict[str, int | float]:
-    dims: dict[str, int | float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise typer.BadParameter(f"{item!r}: expected NAME=NUMBER", param_hint="--dim")
-        try:
-            dims[name] = int(value)
-        except ValueError:
-            try:
-                dims[name] = float(value)
-            except ValueError as exc:
-                raise typer.BadParameter(f"{item!r}: {value!r} is not a number", param_hint="--dim") from exc
-    return dims
-
-
-def _run_with_progress(opts: RunOptions, total: int, found: Discovery | None = None) -> RunResult:
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
-        task = bar.add_task("judging", total=total, last="")
-
-        def listen(verdict: Verdict) -> None:
-            bar.update(task, advance=1, last=f"{verdict.problem}/{verdict.candidate}: {verdict.status}")
-
-        return run(opts, listen, found)
+def _usage_error(message: object) -> typer.Exit:
+    """One line on stderr, exit 2; pydantic's multi-line errors are cut to their first field's."""
+    if isinstance(message, ValidationError):
+        first = message.errors()[0]
+        message = f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}"
+    err.print(f"[red]error:[/] {escape(str(message))}", soft_wrap=True)
+    return typer.Exit(2)
 
 
 @app.command("run")
@@ -138,43 +72,56 @@ def run_cmd(
     out: Annotated[Path, typer.Option("--out", help="results folder; the run goes in OUT/<run-id>/")] = Path(
         "results"),
     run_id: Annotated[str | None, typer.Option("--run-id", help="name of the run folder")] = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="continue this run folder")] = None,
-    problem: Annotated[list[str] | None, typer.Option("--problem", help="only these problem ids")] = None,
-    device: DeviceOpt = "auto",
-    jobs: JobsOpt = DEFAULT_JOBS,
-    timeout: TimeoutOpt = 300.0,
-    compile_timeout: CompileTimeoutOpt = 600.0,
-    trials: TrialsOpt = 5,
-    atol: AtolOpt = None,
-    rtol: RtolOpt = None,
-    precision: PrecisionOpt = "fp32",
-    tolerance: ToleranceOpt = "default",
-    reps: RepsOpt = 100,
-    warmup: WarmupOpt = 10,
-    warmup_seconds: WarmupSecondsOpt = 1.0,
-    max_reps: MaxRepsOpt = 2000,
-    target_rse: RseOpt = 0.01,
-    timing_budget: BudgetOpt = 10.0,
-    cuda_graph: GraphOpt = False,
-    compile_baseline: CompileBaselineOpt = True,
-    max_speedup: MaxSpeedupOpt = 10.0,
-    dim: DimOpt = None,
-    threads: ThreadsOpt = None,
-    cache_dir: CacheOpt = None,
-    baselines: BaselinesOpt = None,
-    gpus: GpusOpt = None,
-    lanes: LanesOpt = None,
-    backend: BackendOpt = "local",
-    address: RayAddressOpt = None,
-    ray_build_resource: RayBuildOpt = None,
-    ray_judge_resource: RayJudgeOpt = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="continue this run folder, from any folder, with its recorded folders and settings")] = None,
+    problem: Annotated[list[str] | None, typer.Option("--problem", metavar="ID", help="only these problem ids")] = None,
+    smoke: opt.SmokeOpt = False,
+    device: opt.DeviceOpt = "auto",
+    jobs: opt.JobsOpt = DEFAULT_JOBS,
+    timeout: opt.TimeoutOpt = 300.0,
+    compile_timeout: opt.CompileTimeoutOpt = 600.0,
+    trials: opt.TrialsOpt = None,
+    atol: opt.AtolOpt = None,
+    rtol: opt.RtolOpt = None,
+    precision: opt.PrecisionOpt = "fp32",
+    tolerance: opt.ToleranceOpt = "default",
+    reps: opt.RepsOpt = None,
+    warmup: opt.WarmupOpt = None,
+    warmup_seconds: opt.WarmupSecondsOpt = None,
+    max_reps: opt.MaxRepsOpt = None,
+    target_rse: opt.RseOpt = 0.01,
+    timing_budget: opt.BudgetOpt = None,
+    cuda_graph: opt.GraphOpt = False,
+    compile_baseline: opt.CompileBaselineOpt = None,
+    max_speedup: opt.MaxSpeedupOpt = 10.0,
+    dim: opt.DimOpt = None,
+    threads: opt.ThreadsOpt = None,
+    cache_dir: opt.CacheOpt = None,
+    baselines: opt.BaselinesOpt = None,
+    gpus: opt.GpusOpt = None,
+    lanes: opt.LanesOpt = None,
+    backend: opt.BackendOpt = "local",
+    address: opt.RayAddressOpt = None,
+    ray_build_resource: opt.RayBuildOpt = None,
+    ray_judge_resource: opt.RayJudgeOpt = None,
 ) -> None:
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
-    settings = _settings(device, dim, threads, trials=trials, **_precision(precision, tolerance, atol, rtol),
-                         reps=reps, warmup=warmup,
-                         warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
-                         timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
-                         max_speedup=max_speedup)
+    timing = {"trials": trials, "reps": reps, "warmup": warmup, "warmup_seconds": warmup_seconds,
+              "max_reps": max_reps, "timing_budget": timing_budget, "compile_baseline": compile_baseline}
+
+    def make_settings(judged: list[Problem], warnings: list[str]) -> RunSettings:
+        return build_settings(device, dim, threads, smoke, judged, warnings,
+                              **precision_settings(precision, tolerance, atol, rtol), target_rse=target_rse,
+                              cuda_graph=cuda_graph, max_speedup=max_speedup, **timing)
+
+    try:
+        found, settings, plan = plan_run(resume, problems, candidates, problem, make_settings, _warn)
+    except (FileNotFoundError, ValueError) as exc:
+        raise _usage_error(exc) from exc
+    ignored = [name for name, value in timing.items() if value is not None] + ["dim"] * bool(dim) + ["smoke"] * smoke
+    if resume and ignored:
+        err.print(f"[yellow]warning:[/] --resume keeps the run's recorded settings; ignored: "
+                  f"{', '.join('--' + n.replace('_', '-') for n in dict.fromkeys(ignored))}", soft_wrap=True)
     opts = RunOptions(problems_dir=problems, candidates_dir=candidates, results_dir=out, settings=settings,
                       run_id=run_id, resume=resume, jobs=jobs, timeout=timeout, compile_timeout=compile_timeout,
                       cache_dir=cache_dir or default_cache_dir(), only=problem, baselines=baselines,
@@ -182,64 +129,81 @@ def run_cmd(
                       backend=backend, ray_address=address, ray_build_resource=ray_build_resource,
                       ray_judge_resource=ray_judge_resource)
     try:
-        total = len(discover(problems, candidates, problem).candidates)
-        result = _run_with_progress(opts, total)
+        with RunProgress(err, plan) as progress:
+            opts.observe = progress.observe
+            result = run(opts, progress.verdict, found)
     except ImportError as exc:
         err.print(f"[red]error:[/] --backend {backend} needs its extra: pip install 'kernelbench-eval[{backend}]' "
-                  f"({exc})")
+                  f"({exc})", markup=True, highlight=False)
         raise typer.Exit(2) from exc
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
+        raise _usage_error(exc) from exc
+    _print_result(result)
+
+
+def _print_result(result: RunResult) -> None:
     for warning in result.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True)
-    console.print(verdict_table(result.verdicts, title=f"run {result.run_dir.name}"))
+        _warn(warning)
+    if not result.verdicts:
+        err.print(f"[red]error:[/] {result.run_dir}: no verdicts were recorded", soft_wrap=True)
+        raise typer.Exit(1)
+    console.print(verdict_table(result.verdicts, title=f"run {result.run_dir.name}", width=console.width))
     console.print(f"{len(result.verdicts)} verdicts ({status_counts(result.verdicts)})"
                   + (f", {result.reused} reused from before" if result.reused else ""))
     console.print(fast_p_text(result.verdicts), markup=False, highlight=False)
-    console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}")
+    console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}", soft_wrap=True)
     for path in write_default_reports(result.run_dir):
-        console.print(f"report: {path}")
+        console.print(f"report: {path}", soft_wrap=True)
 
 
 @app.command("eval")
 def eval_cmd(
-    problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
-                                                 dir_okay=False)],
-    candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
-                                                   dir_okay=False)],
-    out: Annotated[Path | None, typer.Option("--out", help="results folder (default: a temporary one)")] = None,
+    problem_file: Annotated[Path, typer.Argument(
+        help="the problem's .py file (class Model)", exists=True, dir_okay=False, metavar="PROBLEM_FILE")],
+    candidate_file: Annotated[Path, typer.Argument(
+        help="the candidate's .py file (class ModelNew)", exists=True, dir_okay=False, metavar="CANDIDATE_FILE")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="results folder, kept (default: a temporary one, removed at the end)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the verdict as JSON")] = False,
-    device: DeviceOpt = "auto",
-    timeout: TimeoutOpt = 300.0,
-    compile_timeout: CompileTimeoutOpt = 600.0,
-    trials: TrialsOpt = 5,
-    atol: AtolOpt = None,
-    rtol: RtolOpt = None,
-    precision: PrecisionOpt = "fp32",
-    tolerance: ToleranceOpt = "default",
-    reps: RepsOpt = 100,
-    warmup: WarmupOpt = 10,
-    warmup_seconds: WarmupSecondsOpt = 1.0,
-    max_reps: MaxRepsOpt = 2000,
-    target_rse: RseOpt = 0.01,
-    timing_budget: BudgetOpt = 10.0,
-    cuda_graph: GraphOpt = False,
-    compile_baseline: CompileBaselineOpt = True,
-    max_speedup: MaxSpeedupOpt = 10.0,
-    dim: DimOpt = None,
-    threads: ThreadsOpt = None,
-    cache_dir: CacheOpt = None,
-    baselines: BaselinesOpt = None,
+    smoke: opt.SmokeOpt = False,
+    device: opt.DeviceOpt = "auto",
+    timeout: opt.TimeoutOpt = 300.0,
+    compile_timeout: opt.CompileTimeoutOpt = 600.0,
+    trials: opt.TrialsOpt = None,
+    atol: opt.AtolOpt = None,
+    rtol: opt.RtolOpt = None,
+    precision: opt.PrecisionOpt = "fp32",
+    tolerance: opt.ToleranceOpt = "default",
+    reps: opt.RepsOpt = None,
+    warmup: opt.WarmupOpt = None,
+    warmup_seconds: opt.WarmupSecondsOpt = None,
+    max_reps: opt.MaxRepsOpt = None,
+    target_rse: opt.RseOpt = 0.01,
+    timing_budget: opt.BudgetOpt = None,
+    cuda_graph: opt.GraphOpt = False,
+    compile_baseline: opt.CompileBaselineOpt = None,
+    max_speedup: opt.MaxSpeedupOpt = 10.0,
+    dim: opt.DimOpt = None,
+    threads: opt.ThreadsOpt = None,
+    cache_dir: opt.CacheOpt = None,
+    baselines: opt.BaselinesOpt = None,
 ) -> None:
     """Judge one candidate file against one problem file and print its verdict."""
-    settings = _settings(device, dim, threads, trials=trials, **_precision(precision, tolerance, atol, rtol),
-                         reps=reps, warmup=warmup,
-                         warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
-                         timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
-                         max_speedup=max_speedup)
-    cache = cache_dir or default_cache_dir()
+    if problem_file.suffix != ".py":
+        raise _usage_error(f"{problem_file}: not a Python source; a problem is a .py file defining Model")
     prob = Problem(problem_id=problem_file.stem, path=problem_file, source_sha256=sha256_file(problem_file))
+    warnings: list[str] = []
+    try:
+        settings = build_settings(device, dim, threads, smoke, [prob], warnings, trials=trials,
+                                  **precision_settings(precision, tolerance, atol, rtol), reps=reps, warmup=warmup,
+                                  warmup_seconds=warmup_seconds,
+                                  max_reps=max_reps, target_rse=target_rse, timing_budget=timing_budget,
+                                  cuda_graph=cuda_graph, compile_baseline=compile_baseline, max_speedup=max_speedup)
+    except ValueError as exc:
+        raise _usage_error(exc) from exc
+    for warning in warnings:
+        _warn(warning)
+    cache = cache_dir or default_cache_dir()
     found = Discovery(problems={prob.problem_id: prob}, candidates=[make_candidate(prob, candidate_file)], warnings=[])
     results_dir = out or Path(tempfile.mkdtemp(prefix="kbeval-eval-"))
     opts = RunOptions(problems_dir=problem_file.parent, candidates_dir=candidate_file.parent,
@@ -247,38 +211,46 @@ def eval_cmd(
                       compile_timeout=compile_timeout, cache_dir=cache, lanes=1,
                       baselines=baselines or (None if out else cache / "baselines.json"),
                       run_id=f"eval-{datetime.now():%Y%m%d-%H%M%S}-{candidate_file.stem}")
-    result = run(opts, found=found)
-    verdict = result.verdicts[-1]
-    if json_out:
-        print(verdict.model_dump_json(indent=2))
-        return
-    print_verdict_detail(console, verdict)
-    if verdict.log:
-        console.print(f"log: {result.run_dir / verdict.log}")
+    try:
+        result = run(opts, found=found)
+        verdict = result.verdicts[-1]
+        if json_out:
+            print(verdict.model_dump_json(indent=2))
+            return
+        print_verdict_detail(console, verdict)
+        if verdict.log and out:
+            console.print(f"log: {result.run_dir / verdict.log}", soft_wrap=True)
+        elif verdict.log and verdict.status != "ok":  # the folder goes: show the end of the log instead
+            print_log_tail(console, result.run_dir / verdict.log)
+    finally:
+        if out is None:
+            shutil.rmtree(results_dir, ignore_errors=True)
 
 
 @app.command("problems")
 def problems_cmd(
     problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
-    dim: DimOpt = None,
-    timeout: TimeoutOpt = 120.0,
+    dim: opt.DimOpt = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="each problem at its KBEVAL_SMOKE_DIMS sizes")] = False,
+    timeout: opt.TimeoutOpt = 120.0,
 ) -> None:
     """List the problems with their input shapes (each problem is imported in its own process)."""
     warnings: list[str] = []
     try:
         found = find_problems(problems, warnings)
-    except FileNotFoundError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    dims = _parse_dims(dim or [])
+        dims = parse_dims(dim or [])
+        check_dims(dims, list(found.values()))
+        sizes = {pid: (smoke_dims(prob.path) if smoke else {}) | dims for pid, prob in found.items()}
+    except (FileNotFoundError, ValueError) as exc:
+        raise _usage_error(exc) from exc
     table = Table(title=f"problems in {problems}")
     for col in ("problem", "file", "inputs"):
         table.add_column(col, overflow="fold")
     for pid, prob in found.items():
-        shapes, error = describe_problem(prob, dims, timeout)
-        table.add_row(pid, str(prob.path), ", ".join(shapes) if not error else f"[red]{error}[/]")
+        shapes, error = describe_problem(prob, sizes[pid], timeout)
+        table.add_row(pid, str(prob.path), ", ".join(shapes) if not error else f"[red]{escape(error)}[/]")
     for warning in warnings:
-        err.print(f"[yellow]warning:[/] {warning}")
+        _warn(warning)
     console.print(table)
 
 
@@ -292,7 +264,7 @@ def _load_run_or_exit(run_dir: Path) -> list[Verdict]:
 
 @app.command("report")
 def report_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)", metavar="RUN_DIR")],
     fmt: Annotated[str, typer.Option("--format", "-f", help=f"one of: {', '.join(FORMATS)}")] = "table",
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="write here instead of stdout (html defaults to RUN_DIR/report.html)")] = None,
@@ -315,8 +287,8 @@ def report_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    run_a: Annotated[Path, typer.Argument(help="the earlier run folder (the baseline)")],
-    run_b: Annotated[Path, typer.Argument(help="the later run folder")],
+    run_a: Annotated[Path, typer.Argument(help="the earlier run folder (the baseline)", metavar="RUN_A")],
+    run_b: Annotated[Path, typer.Argument(help="the later run folder", metavar="RUN_B")],
     threshold: Annotated[float, typer.Option(
         "--threshold", help="relative runtime change that counts as faster/slower (0.05 = 5%)", min=0.0)] = 0.05,
 ) -> None:
@@ -339,7 +311,7 @@ def compare_cmd(
 
 @app.command("gate")
 def gate_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)")],
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (results/<run-id>)", metavar="RUN_DIR")],
     require_correct: Annotated[bool, typer.Option(
         "--require-correct/--no-require-correct", help="every candidate must be correct")] = True,
     min_speedup: Annotated[float | None, typer.Option(
@@ -386,13 +358,13 @@ def profile_cmd(
     candidate_file: Annotated[Path, typer.Argument(help="the candidate's .py file (class ModelNew)", exists=True,
                                                    dir_okay=False)],
     json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
-    device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
-    dim: DimOpt = None,
-    threads: ThreadsOpt = None,
-    timeout: TimeoutOpt = 300.0,
+    device: opt.DeviceOpt = "auto",
+    precision: opt.PrecisionOpt = "fp32",
+    dim: opt.DimOpt = None,
+    threads: opt.ThreadsOpt = None,
+    timeout: opt.TimeoutOpt = 300.0,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed calls before the profiled one")] = 3,
-    cache_dir: CacheOpt = None,
+    cache_dir: opt.CacheOpt = None,
 ) -> None:
     """Per-kernel table (name, calls, total and mean time, share) of one forward of CANDIDATE and of the reference.
 
@@ -400,7 +372,12 @@ def profile_cmd(
     """
     from kernelbench_eval.profile_cmd import profile_pair, profile_tables
 
-    settings = _settings(device, dim, threads, **_precision(precision, "default", None, None))
+    prob = Problem(problem_id=problem_file.stem, path=problem_file, source_sha256=sha256_file(problem_file))
+    try:
+        settings = build_settings(device, dim, threads, False, [prob], [],
+                                  **precision_settings(precision, "default", None, None))
+    except ValueError as exc:
+        raise _usage_error(exc) from exc
     report = profile_pair(problem_file, candidate_file, settings.device, cache_dir or default_cache_dir(),
                           dims=settings.dims, precision=settings.precision, threads=settings.threads,
                           timeout=timeout, warmup=warmup)

@@ -84,7 +84,8 @@ def make_candidate(problem: Problem, path: Path) -> Candidate:
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     base = {"problem_id": problem.problem_id, "candidate_id": path.stem, "path": path, "source_sha256": digest}
-    error = source_problem(data)
+    error = source_problem(data) if path.suffix == ".py" else (
+        f"not a Python source ({path.suffix or 'no extension'}): a candidate is a .py file defining ModelNew")
     if error:
         return Candidate(**base, invalid=f"{path}: {error}")
     return Candidate(**base, devices=declared_devices(data.decode()))
@@ -119,3 +120,79 @@ def declared_devices(source: str) -> tuple[str, ...] | None:
             except ValueError:
                 return None
     return ("cuda",) if _CUDA_HINTS.search(source) or _TRITON_HINTS.search(source) else None
+
+
+# --- sizes, read statically: `--dim` and `--smoke` are checked before anything runs -------------------
+
+
+def module_names(path: Path) -> set[str]:
+    """Names a problem assigns at module level (its sizes among them); none when it does not parse."""
+    tree = _parse(path)
+    names: set[str] = set()
+    for node in tree.body if tree else []:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def smoke_dims(path: Path) -> dict[str, int | float]:
+    """A problem's `KBEVAL_SMOKE_DIMS = {...}`: small sizes for a CPU smoke run; read, never executed."""
+    tree = _parse(path)
+    for node in tree.body if tree else []:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KBEVAL_SMOKE_DIMS"
+                                                for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                value = None
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and k.isidentifier() and type(v) in (int, float) for k, v in value.items()):
+                raise ValueError(f"{path}: KBEVAL_SMOKE_DIMS must be a dict of name: number literals")
+            return value
+    return {}
+
+
+def check_dims(dims: dict[str, int | float], problems: list[Problem]) -> None:
+    """Every `--dim` name must be a module-level name of some problem of the run (else it would do nothing)."""
+    known = set().union(*(module_names(p.path) for p in problems)) - {"KBEVAL_SMOKE_DIMS"}
+    unknown = sorted(set(dims) - known)
+    if unknown:
+        raise ValueError(f"--dim: {', '.join(unknown)} is in no problem of this run; known: "
+                         f"{', '.join(sorted(known)) or 'none'}")
+
+
+def check_problem_ids(only: list[str] | None, problems: dict[str, Problem]) -> None:
+    unknown = [pid for pid in only or [] if pid not in problems]
+    if unknown:
+        raise ValueError(f"--problem: unknown problem id {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join(problems) or 'none'}")
+
+
+def merged_smoke_dims(problems: list[Problem], explicit: dict[str, int | float],
+                      warnings: list[str]) -> dict[str, int | float]:
+    """One set of sizes for the run (a run's settings hold one): every problem's smoke sizes, then `--dim`.
+
+    Two problems asking different values for one name is an error, unless `--dim` settles that name.
+    """
+    dims: dict[str, int | float] = {}
+    owner: dict[str, str] = {}
+    for prob in problems:
+        declared = smoke_dims(prob.path)
+        if not declared:
+            warnings.append(f"{prob.path}: declares no KBEVAL_SMOKE_DIMS: --smoke lowers only the sizes "
+                            "it shares by name with the other problems (or --dim)")
+        for name, value in declared.items():
+            if name in dims and dims[name] != value and name not in explicit:
+                raise ValueError(f"--smoke: {owner[name]} sets {name}={dims[name]} but {prob.problem_id} sets "
+                                 f"{name}={value}; pass --dim {name}=N or judge them apart (--problem)")
+            dims.setdefault(name, value)
+            owner.setdefault(name, prob.problem_id)
+    return dims | explicit
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        return None  # the problem's own load reports it, with its line

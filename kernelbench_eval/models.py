@@ -80,13 +80,15 @@ class RunSettings(BaseModel):
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of inputs and models (`precision.py`)
+    smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
 
     def key(self) -> str:
-        return _digest(self._payload())
+        return _digest(self._payload(exclude={"smoke"}))  # the fields it set are in the key
 
     def timing_key(self) -> str:
         """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
-        return _digest(self._payload(exclude={"trials", "atol", "rtol", "max_speedup", "compile_baseline"}))
+        return _digest(self._payload(exclude={"trials", "atol", "rtol", "max_speedup", "compile_baseline",
+                                              "smoke"}))
 
     def _payload(self, exclude: set[str] | None = None) -> dict:
         """The settings that make the key; fp32 is left out, so runs made before `precision` keep their keys."""
@@ -162,7 +164,7 @@ class RunManifest(BaseModel):
 
     run_id: str
     settings: RunSettings
-    problems_dir: str
+    problems_dir: str  # absolute, so a resume works from any folder (older runs: see pipeline.manifest_dirs)
     candidates_dir: str
     only: list[str] | None = None  # `--problem` filter: a resume judges the same problems
     torch_version: str

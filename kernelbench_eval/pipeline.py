@@ -53,6 +53,7 @@ class RunOptions:
     ray_address: str | None = None  # an existing cluster; default: a local Ray instance
     ray_build_resource: str | None = None  # Ray: compile only on nodes declaring this custom resource
     ray_judge_resource: str | None = None  # Ray: lanes only on nodes declaring this custom resource
+    observe: Callable[[Backend], Backend] | None = None  # wraps the backend to watch compiles and lanes (progress)
 
     def baselines_path(self) -> Path:
         if self.baselines:
@@ -85,11 +86,7 @@ def resolve_device(device: str) -> str:
 def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     """A new run directory with fresh secret seeds, or the manifest of the run being resumed."""
     if opts.resume:
-        recorder = RunRecorder(opts.resume)
-        manifest = recorder.read_manifest()
-        if manifest is None:
-            raise FileNotFoundError(f"{opts.resume}: no run.json, so this is not a run directory to resume")
-        return recorder, manifest
+        return RunRecorder(opts.resume), read_manifest(opts.resume)
     run_id = opts.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{opts.settings.device}"
     run_dir = opts.results_dir / run_id
     if (run_dir / "run.json").exists():
@@ -98,8 +95,8 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     manifest = RunManifest(
         run_id=run_id,
         settings=opts.settings,
-        problems_dir=str(opts.problems_dir),
-        candidates_dir=str(opts.candidates_dir),
+        problems_dir=str(opts.problems_dir.resolve()),  # absolute: a resume may start from any folder
+        candidates_dir=str(opts.candidates_dir.resolve()),
         only=opts.only,
         torch_version=torch.__version__,
         created_at=_now(),
@@ -109,14 +106,46 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     return recorder, manifest
 
 
+def read_manifest(run_dir: Path) -> RunManifest:
+    """The manifest of a run to resume; a missing or unreadable one is a one-line error (FileNotFoundError)."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: run folder not found")
+    try:
+        manifest = RunRecorder(run_dir).read_manifest()
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise FileNotFoundError(f"{run_dir / 'run.json'}: unreadable run manifest ({type(exc).__name__})") from exc
+    if manifest is None:
+        raise FileNotFoundError(f"{run_dir}: no run.json, so this is not a run directory to resume")
+    return manifest
+
+
+def manifest_dirs(manifest: RunManifest, run_dir: Path) -> tuple[Path, Path]:
+    """The run's problems and candidates folders, whatever the current folder.
+
+    New manifests hold absolute paths. Older ones hold the paths as typed: each is tried against the current
+    folder (what those versions did), then against the folder holding the results folder (RUN_DIR/../..),
+    where a run with the default `--out results` was started. Neither existing is one error line.
+    """
+    found = []
+    for kind, text in (("problems", manifest.problems_dir), ("candidates", manifest.candidates_dir)):
+        path = Path(text)
+        tries = [path] if path.is_absolute() else [path.absolute(), (run_dir.absolute().parent.parent / path)]
+        hit = next((p for p in tries if p.is_dir()), None)
+        if hit is None:
+            raise FileNotFoundError(f"{run_dir / 'run.json'}: {kind} folder {text!r} not found (looked in "
+                                    f"{' and '.join(str(p) for p in tries)})")
+        found.append(hit)
+    return found[0], found[1]
+
+
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
     keep_memory_private()
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
+    backend = opts.observe(backend) if opts.observe else backend
     try:
         recorder, manifest = open_run(opts)
-        found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir),
-                                  opts.only or manifest.only)
+        found = found or discover(*manifest_dirs(manifest, recorder.run_dir), opts.only or manifest.only)
         previous = recorder.load()
         done = {(v.problem, v.candidate, v.source_sha256, v.settings_key) for v in previous}
         key = manifest.settings.key()

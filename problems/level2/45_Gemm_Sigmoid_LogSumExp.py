@@ -22,6 +22,8 @@ batch_size = 16384
 input_size = 2048
 hidden_size = 4096
 output_size = 1024
+# `kbeval run --smoke`: sizes small enough for a CPU (read statically, never executed)
+KBEVAL_SMOKE_DIMS = {"batch_size": 2, "input_size": 256, "hidden_size": 512}
 
 
 def get_inputs():

@@ -23,6 +23,8 @@ batch_size = 1024
 input_size = 8192
 hidden_size = 8192
 num_groups = 512
+# `kbeval run --smoke`: sizes small enough for a CPU (read statically, never executed)
+KBEVAL_SMOKE_DIMS = {"batch_size": 2, "input_size": 256, "hidden_size": 512, "num_groups": 32}
 
 
 def get_inputs():
