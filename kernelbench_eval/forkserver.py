@@ -10,19 +10,22 @@ Three roles live in this file:
   for the worker's base environment once (lazily), sends it a spawn request and gets back a `ForkedChild`,
   which offers the parts of `subprocess.Popen` the worker needs (`pid`, `stdin`, `stdout`, `poll`, `wait`,
   `returncode`). Anything that goes wrong returns None, and the caller starts a cold worker as before.
-- **Server** (`python -m kernelbench_eval.forkserver`): imports torch and the worker, then listens on a Unix
-  socket in a private (0700) directory. It never runs candidate code and never initialises CUDA (checked
-  before every fork: a CUDA context does not survive `fork`). It dies with the harness (PR_SET_PDEATHSIG,
-  EOF on its stdin, a pipe only the harness holds, or a new parent), only talks to the harness (SO_PEERCRED),
-  and is not dumpable, so a candidate cannot write into it to change every worker forked after it.
+- **Server** (`python -m kernelbench_eval.forkserver`): imports torch and the worker, then reads spawn
+  requests from a control socket, one end of a socketpair the harness created and passed it at start. It
+  never runs candidate code and never initialises CUDA (checked before every fork: a CUDA context does not
+  survive `fork`). It dies with the harness (PR_SET_PDEATHSIG, EOF on its stdin or control socket, or a new
+  parent), and is not dumpable, so a candidate cannot write into it to change every worker forked after it.
+  There is no socket path: a filesystem socket (its path in the server's argv) could be renamed over by a
+  candidate's own, which would then start every later worker; a pre-connected pair cannot be replaced.
 - **Child**: set up exactly like a cold worker (own session, fds 0/1/2 on the harness's pipes, only the reply
   pipe besides, working directory, environment, PR_SET_PDEATHSIG, fresh random seeds), then `worker.serve`.
 
-Protocol, one SOCK_SEQPACKET connection per child: the harness sends `{"env": {...}, "cwd": "..."}` with three
-fds (SCM_RIGHTS): the child's stdin read end, its stdout/stderr write end and its reply-pipe write end. The
-server answers `{"pid": N}` (or `{"error": "..."}`), and `{"status": S}` (a raw wait status) when the child
-has exited and been reaped. If the server dies first, the connection closes without a status: its children
-got SIGKILL through their own PR_SET_PDEATHSIG.
+Protocol: per child, the harness makes a SOCK_SEQPACKET socketpair and sends, over the control socket,
+`{"env": {...}, "cwd": "..."}` with four fds (SCM_RIGHTS): its end of that pair, the child's stdin read end,
+its stdout/stderr write end and its reply-pipe write end. The server answers on the pair `{"pid": N}` (or
+`{"error": "..."}`), and `{"status": S}` (a raw wait status) when the child has exited and been reaped. If
+the server dies first, the connection closes without a status: its children got SIGKILL through their own
+PR_SET_PDEATHSIG.
 
 The worker's token (`TOKEN_VAR`) must show in `/proc/<pid>/environ`, which lists the environment a process was
 *exec'd* with, not what it later set; that is how the harness finds what a worker left behind, even outside
@@ -43,13 +46,10 @@ import queue
 import random
 import runpy
 import select
-import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -156,21 +156,25 @@ class _SpawnRefused(OSError):
 
 
 class ForkServer:
-    """The harness's handle on one server process and its socket."""
+    """The harness's handle on one server process and its control socket."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.dir = Path(tempfile.mkdtemp(prefix="kbeval-forkserver-"))  # 0700: only this user can reach the socket
-        self.path = self.dir / "socket"
+        self.control: socket.socket | None = None  # the harness's end; not inheritable, so no worker holds it
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start the server (from the keeper thread) and wait until it listens; raise if it does not."""
-        argv = [sys.executable, "-m", "kernelbench_eval.forkserver", "--socket", str(self.path),
+        """Start the server (from the keeper thread) and wait until it is ready; raise if it is not."""
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", "kernelbench_eval.forkserver", "--control-fd", str(theirs.fileno()),
                 "--parent", str(os.getpid())]
-        self.proc = _KEEPER.call(lambda: subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=self.dir,
-            env=self.env, start_new_session=True))  # its own session: a Ctrl-C meant for the harness passes it by
+        try:
+            self.proc = _KEEPER.call(lambda: subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
+                env=self.env, pass_fds=(theirs.fileno(),),
+                start_new_session=True))  # its own session: a Ctrl-C meant for the harness passes it by
+        finally:
+            theirs.close()
         assert self.proc.stdout is not None
         line = _read_line(self.proc.stdout.fileno(), READY_TIMEOUT)
         self.proc.stdout.close()
@@ -182,11 +186,16 @@ class ForkServer:
 
     def spawn(self, env: dict[str, str], cwd: Path, fds: list[int]) -> tuple[int, socket.socket]:
         """Ask for one child; (its pid, the connection its exit status will arrive on)."""
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if self.control is None:
+            raise OSError("fork server not started")
+        conn, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(REPLY_TIMEOUT)
-            conn.connect(str(self.path))
-            socket.send_fds(conn, [json.dumps({"env": env, "cwd": str(cwd)}).encode()], fds)
+            try:  # one sendmsg per request: atomic on SEQPACKET, so threads may share the control socket
+                socket.send_fds(self.control, [json.dumps({"env": env, "cwd": str(cwd)}).encode()],
+                                [theirs.fileno(), *fds])
+            finally:
+                theirs.close()
             reply = json.loads(conn.recv(4096) or b"{}")
             if "pid" not in reply:
                 raise _SpawnRefused(reply.get("error", "the fork server closed the connection"))
@@ -207,7 +216,8 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.control is not None:
+            self.control.close()
 
 
 class _Keeper:
@@ -310,10 +320,10 @@ def _read_line(fd: int, timeout: float) -> bytes:
 
 
 class _Server:
-    """Accepts spawn requests from the harness only, forks children, reports how each one ended."""
+    """Takes spawn requests from the harness's control socket, forks children, reports how each one ended."""
 
-    def __init__(self, listener: socket.socket, parent: int, import_fds: frozenset[int]) -> None:
-        self.listener = listener
+    def __init__(self, control: socket.socket, parent: int, import_fds: frozenset[int]) -> None:
+        self.control = control
         self.parent = parent
         self.import_fds = import_fds  # opened by the imports: a cold worker would have them too
         self.children: dict[int, socket.socket] = {}  # pid -> the connection its status goes back on
@@ -326,7 +336,7 @@ class _Server:
 
     def run(self) -> None:
         poller = select.poll()
-        for fd in (0, self.wake_read, self.listener.fileno()):
+        for fd in (0, self.wake_read, self.control.fileno()):
             poller.register(fd, select.POLLIN)
         while os.getppid() == self.parent:
             for fd, _ in poller.poll(1000):
@@ -335,9 +345,8 @@ class _Server:
                 if fd == self.wake_read:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wake_read, 4096)
-                if fd == self.listener.fileno():
-                    with contextlib.suppress(OSError):  # out of fds, say: the harness falls back for that one
-                        self._accept()
+                if fd == self.control.fileno() and not self._accept():
+                    return  # the harness closed its end: it is gone
             self._reap()
 
     def shutdown(self) -> None:
@@ -345,15 +354,19 @@ class _Server:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
-    def _accept(self) -> None:
-        conn, _ = self.listener.accept()
-        conn.settimeout(5)
-        if _peer_pid(conn) != self.parent:  # another process of this user (a candidate?) may not spawn
-            conn.close()
-            return
-        fds: list[int] = []
+    def _accept(self) -> bool:
+        """Serve one request from the control socket; False on its EOF (the harness is gone)."""
         try:
-            message, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
+            message, fds, flags, _ = socket.recv_fds(self.control, MAX_REQUEST_BYTES, 4)
+        except OSError:  # out of fds, say: the harness times out on that one and starts it cold
+            return True
+        if not message and not fds:
+            return False
+        if not fds:
+            return True  # nowhere to answer
+        conn = socket.socket(fileno=fds.pop(0))
+        conn.settimeout(5)
+        try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
                 raise ValueError("malformed spawn request")
             pid = self._fork(json.loads(message), fds, conn)
@@ -361,7 +374,7 @@ class _Server:
             with contextlib.suppress(OSError):
                 conn.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             conn.close()
-            return
+            return True
         finally:
             for fd in fds:
                 os.close(fd)
@@ -371,8 +384,9 @@ class _Server:
             conn.close()
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)  # its session, set up before the fork returned
-            return
+            return True
         self.children[pid] = conn
+        return True
 
     def _fork(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> int:
         import torch
@@ -402,7 +416,7 @@ class _Server:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for sock in (self.listener, conn, *self.children.values()):
+        for sock in (self.control, conn, *self.children.values()):
             sock.close()  # only this process's copy: the server keeps its own
         os.close(self.wake_read)
         os.close(self.wake_write)
@@ -422,11 +436,6 @@ class _Server:
                 conn.close()
 
 
-def _peer_pid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[0]
-
-
 def _token_address() -> int | None:
     """Where this process's exec'd environment holds the placeholder token (what /proc/<pid>/environ shows)."""
     fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
@@ -440,8 +449,8 @@ def _open_fds() -> list[int]:
     return [int(name) for name in os.listdir("/proc/self/fd")]
 
 
-def serve_forever(socket_path: str, parent: int) -> None:
-    """The server's life: die with the harness, import, listen, say ready, fork on request."""
+def serve_forever(control_fd: int, parent: int) -> None:
+    """The server's life: die with the harness, import, say ready, fork on request."""
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so the cleanup below runs (children die either way)
     die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the harness died before the line above took effect
@@ -454,14 +463,12 @@ def serve_forever(socket_path: str, parent: int) -> None:
 
         if _token_address() is None:
             raise RuntimeError(f"no {TOKEN_VAR} placeholder in this process's environment block")
-        import_fds = frozenset(_open_fds()) - {0, 1, 2}
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(socket_path)
-        listener.listen(64)
+        control = socket.socket(fileno=control_fd)
+        import_fds = frozenset(_open_fds()) - {0, 1, 2, control_fd}
     except Exception as exc:
         os.write(1, f"error: {type(exc).__name__}: {exc}\n".encode())
         return
-    server = _Server(listener, parent, import_fds)
+    server = _Server(control, parent, import_fds)
     os.write(1, b"ready\n")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing more to say; the harness stops reading
@@ -470,12 +477,9 @@ def serve_forever(socket_path: str, parent: int) -> None:
         server.run()
     finally:
         # The harness's death closes our lifeline (EOF) before the kernel sends PR_SET_PDEATHSIG: a SIGTERM
-        # landing in here would cut the cleanup short and leave the private directory behind.
+        # landing in here must not cut the children's cleanup short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.shutdown()
-        with contextlib.suppress(OSError):
-            os.unlink(socket_path)
-            os.rmdir(os.path.dirname(socket_path))  # the private directory, when the harness could not
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -587,10 +591,10 @@ def _exit(code: int) -> NoReturn:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="kbeval fork server (started by the harness, not by hand)")
-    parser.add_argument("--socket", required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
-    serve_forever(args.socket, args.parent)
+    serve_forever(args.control_fd, args.parent)
 
 
 if __name__ == "__main__":

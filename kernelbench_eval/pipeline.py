@@ -21,15 +21,15 @@ from typing import Protocol
 
 import torch
 
-from kernelbench_eval import schedule
+from kernelbench_eval import baselines, private, schedule
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import Compiled
-from kernelbench_eval.discover import Candidate, Discovery, discover
-from kernelbench_eval.lanes import LaneConfig, LaneHandle, LocalBackend
+from kernelbench_eval.compile import BuildTampered, Compiled
+from kernelbench_eval.discover import Candidate, Discovery, Problem, ProblemChanged, discover, pinned
+from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import RunManifest, RunSettings, Verdict
-from kernelbench_eval.record import RunRecorder
+from kernelbench_eval.record import RunRecorder, check_manifest, seal_manifest
 
 
 @dataclass
@@ -86,6 +86,7 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
         manifest = recorder.read_manifest()
         if manifest is None:
             raise FileNotFoundError(f"{opts.resume}: no run.json, so this is not a run directory to resume")
+        check_manifest(opts.cache_dir, opts.resume, manifest)
         return recorder, manifest
     run_id = opts.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{opts.settings.device}"
     run_dir = opts.results_dir / run_id
@@ -103,12 +104,15 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     )
     recorder = RunRecorder(run_dir)
     recorder.write_manifest(manifest)
+    seal_manifest(opts.cache_dir, run_dir)
     return recorder, manifest
 
 
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
     keep_memory_private()
+    private.enter()  # this process's temp files (references' inputs, workers' folders) in a private folder
+    baselines.use_key_dir(opts.cache_dir)
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
     try:
         recorder, manifest = open_run(opts)
@@ -170,21 +174,15 @@ class _Session:
         self.backend = backend
         self._record_lock = threading.Lock()
         self.judged: dict[tuple[str, str], Verdict] = {}
+        self._pinned: dict[str, Problem] = {}
+        self._seals: dict[int, tuple[object, dict[str, str]]] = {}  # lane -> (its reference, input digests)
 
     def judge(self, todo: list[Candidate]) -> None:
-        runnable, copies = _first_of_each_source([c for c in todo if not self._judged_statically(c)])
-        self._judge_runnable(runnable)
-        for copy, original in copies:  # identical bytes for the same problem: judged once, verdict reused
-            self._record_copy(copy, original)
+        """Every candidate is judged in its own right: identical bytes share a build, never a verdict.
 
-    def _record_copy(self, copy: Candidate, original: Candidate) -> None:
-        verdict = self.judged.get((original.problem_id, original.candidate_id))
-        if verdict is None:
-            return  # the original was not judged (the run stopped): the copy is judged on resume
-        fields = verdict.model_dump(exclude={"run_id", "problem", "candidate", "source_sha256", "settings_key",
-                                             "device", "torch_version", "trials", "log", "wall_seconds",
-                                             "finished_at", "duplicate_of"})
-        self._record(copy, 0.0, duplicate_of=original.candidate_id, **fields)
+        (A copy that inherited its twin's verdict could behave differently under its own file name.)
+        """
+        self._judge_runnable([c for c in todo if not self._judged_statically(c)])
 
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
         """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
@@ -215,7 +213,12 @@ class _Session:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
         started = time.perf_counter()
         with self.activity:
-            compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+            try:
+                compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+            except OSError as exc:  # something planted in the cache: this candidate's verdict, not a dead run
+                self._record(cand, time.perf_counter() - started, status="compile_error",
+                             error=f"build folder unusable: {exc}", log=log)
+                return None
         seconds = time.perf_counter() - started
         base = {"compiled": compiled.record.ok, "compile_cached": compiled.cached,
                 "compile_seconds": round(seconds, 3)}  # this run's cost: near zero when cached
@@ -231,18 +234,92 @@ class _Session:
         started = time.perf_counter()
         with self.activity:
             self._check_tampering(None)  # what happened before this candidate ran is not its doing
+            self._open_reference(lane, cand, ref_log)
             alone = self.activity.snapshot()
-            result = lane.evaluate(self.found.problems[cand.problem_id], cand.path, built.compiled, ref_log, log)
+            result = self._evaluate_safely(lane, cand, built, ref_log, log)
             fields = result.fields
-            if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
+            solo = cand if self.activity.snapshot() == alone and alone[1] == 1 else None
+            if self._check_tampering(solo):
                 fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None,
                               speedup_vs_eager=None, speedup_vs_compile=None, error="cheating detected: it "
                               "altered the run's verdicts.jsonl while it ran (restored; no verdict changed)")
+            if not self._reference_intact(lane, solo):
+                fields.update(status="incorrect", correct=False, runtime_ms=-1.0, speedup=None,
+                              speedup_vs_eager=None, speedup_vs_compile=None, error="cheating detected: it "
+                              "altered the reference's input files while it ran (regenerated for the next one)")
         if result.warning:
             self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {result.warning}")
         if result.baseline_key:
             self.store.adopt(result.baseline_key)
         self._record(cand, built.seconds + time.perf_counter() - started, log=log, **built.base, **fields)
+
+    def _evaluate_safely(self, lane: LaneHandle, cand: Candidate, built: _Built, ref_log: Path, log: Path
+                         ) -> LaneResult:
+        """`lane.evaluate`, where a tampered build is rebuilt once and any other file error is a verdict."""
+        try:
+            problem = self._problem(cand)
+        except (OSError, ProblemChanged) as exc:
+            return LaneResult({"status": "skipped", "error": str(exc)})
+        for attempt in range(2):
+            try:
+                return lane.evaluate(problem, cand.path, built.compiled, ref_log, log)
+            except BuildTampered as exc:
+                self.warnings.append(f"{cand.path}: {exc}")
+                if attempt == 0:
+                    built.compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log,
+                                                          self.opts.compile_timeout)
+                    if not built.compiled.record.ok:
+                        return LaneResult({"status": built.compiled.record.status or "compile_error",
+                                           "error": f"rebuild: {built.compiled.record.error}"})
+            except OSError as exc:  # a lock or file another candidate broke: this verdict, not the run
+                return LaneResult({"status": "runtime_error", "error": f"harness file error while judging: {exc}"})
+        return LaneResult({"status": "runtime_error", "error": "its build was altered again after a rebuild"})
+
+    def _open_reference(self, lane: LaneHandle, cand: Candidate, ref_log: Path) -> None:
+        """Open (or keep) the lane's reference here, sealing its input files the moment they exist.
+
+        Why here: the reference's inputs sit in a folder of the same user; a candidate could alter them
+        after its own copies were made, and the next candidate would be judged on them. Until evaluate.py
+        verifies each copy (`private.copy_sealed`), the seal is checked around every candidate instead, and
+        an altered set is regenerated. A Ray lane keeps its reference in its actor: not checked from here.
+        """
+        open_session = getattr(lane, "_session_for", None)
+        if open_session is None:
+            return
+        try:
+            problem = self._problem(cand)
+            opened = open_session(problem, ref_log)
+        except (OSError, ProblemChanged):  # judged (and reported) by `_evaluate_safely`
+            lane.close()  # type: ignore[attr-defined]
+            return
+        if opened:
+            session = lane.session  # type: ignore[attr-defined]
+            if session.warning:
+                self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {session.warning}")
+            self._seals[id(lane)] = (session, private.seal_inputs(session.workdir) if not session.error else {})
+
+    def _reference_intact(self, lane: LaneHandle, culprit: Candidate | None) -> bool:
+        """False (and the reference closed, to be regenerated) when its sealed input files changed."""
+        session = getattr(lane, "session", None)
+        sealed = self._seals.get(id(lane))
+        if session is None or sealed is None or sealed[0] is not session or session.error:
+            return True
+        if private.seal_inputs(session.workdir) == sealed[1]:
+            return True
+        lane.close()  # type: ignore[attr-defined]
+        del self._seals[id(lane)]
+        self.warnings.append(f"{session.problem.problem_id}: the reference's input files were altered while "
+                             f"{culprit.candidate_id if culprit else 'candidate code'} ran; regenerated")
+        return culprit is None
+
+    def _problem(self, cand: Candidate) -> Problem:
+        """The problem as the reference imports it: the harness's verified copy of the discovered bytes."""
+        problem = self._pinned.get(cand.problem_id)
+        if problem is None:
+            problem = self._pinned[cand.problem_id] = pinned(self.found.problems[cand.problem_id])
+        else:
+            pinned(problem)  # re-verified and rewritten if altered, before each candidate
+        return problem
 
     def _check_tampering(self, culprit: Candidate | None) -> bool:
         """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
@@ -277,19 +354,6 @@ class _Session:
         self.recorder.append(verdict)
         self.judged[(verdict.problem, verdict.candidate)] = verdict
         self.listen(verdict)
-
-
-def _first_of_each_source(candidates: list[Candidate]) -> tuple[list[Candidate], list[tuple[Candidate, Candidate]]]:
-    """The candidates to judge, and (copy, original) for each later one with the same bytes and problem."""
-    first: dict[tuple[str, str], Candidate] = {}
-    copies = []
-    for cand in candidates:
-        key = (cand.problem_id, cand.source_sha256)
-        if key in first:
-            copies.append((cand, first[key]))
-        else:
-            first[key] = cand
-    return list(first.values()), copies
 
 
 class _Activity:

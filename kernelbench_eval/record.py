@@ -11,6 +11,7 @@ user process can set back); the file is then restored and the change reported.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -28,6 +29,43 @@ def write_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
+
+
+class ManifestMismatch(ValueError):
+    """`--resume` of a run folder whose run.json is not the one the harness wrote (exit 2)."""
+
+
+def _manifest_seal(cache_dir: Path, run_dir: Path) -> Path:
+    """Where the harness keeps run.json's digest: in the cache, keyed by the run folder's absolute path."""
+    name = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:32]
+    return cache_dir / "runs" / f"{name}.sha256"
+
+
+def seal_manifest(cache_dir: Path, run_dir: Path) -> None:
+    """Remember the digest of the run.json just written, outside the run folder (candidates can edit that)."""
+    data = (run_dir / MANIFEST).read_bytes()
+    write_atomic(_manifest_seal(cache_dir, run_dir), hashlib.sha256(data).hexdigest() + "\n")
+
+
+def check_manifest(cache_dir: Path, run_dir: Path, manifest: RunManifest, problems: Path | None = None,
+                   candidates: Path | None = None) -> None:
+    """Refuse a resume whose run.json differs from the harness's digest, or from folders the command names.
+
+    Why: run.json lives in the run folder, which candidates can find and edit (point problems_dir at a
+    forged copy, then kill the harness so that it is resumed).
+    """
+    seal = _manifest_seal(cache_dir, run_dir)
+    try:
+        expected = seal.read_text().strip()
+    except OSError:
+        raise ManifestMismatch(f"{run_dir}: no record of this run in the cache {cache_dir} (started with another "
+                               "--cache-dir?); refusing to resume a run.json the harness cannot vouch for") from None
+    if hashlib.sha256((run_dir / MANIFEST).read_bytes()).hexdigest() != expected:
+        raise ManifestMismatch(f"{run_dir}/{MANIFEST} was changed after the harness wrote it; refusing to resume")
+    for given, recorded, what in ((problems, manifest.problems_dir, "problems"),
+                                  (candidates, manifest.candidates_dir, "candidates")):
+        if given is not None and given.resolve() != Path(recorded).resolve():
+            raise ManifestMismatch(f"{run_dir}: --{what} {given} is not the run's {recorded}; refusing to resume")
 
 
 def format_runtime(ms: float) -> str:
