@@ -24,6 +24,7 @@ from kernelbench_eval.record import write_atomic
 
 FILE_NAME = "baselines.json"
 MAC = "mac"
+_MINE: dict[str, dict[str, dict]] = {}
 _key_dir: Path | None = None  # the run's cache dir (set by the pipeline); else $KBEVAL_CACHE_DIR or ~/.cache
 
 
@@ -41,7 +42,9 @@ class BaselineStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.key = _key()
-        self._mine: dict[str, dict] = {}  # entries this run wrote or used, to restore if something forges them
+        # entries this process wrote or verified, to restore if something forges them; shared by every store
+        # of this file in the process, so the run's `repair` restores what its lanes measured
+        self._mine: dict[str, dict] = _MINE.setdefault(str(path.resolve()), {})
 
     def get(self, key: str) -> Baseline | None:
         entry = self._read().get(key)
