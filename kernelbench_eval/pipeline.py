@@ -25,7 +25,8 @@ from kernelbench_eval import baselines, private, schedule
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import BuildTampered, Compiled
-from kernelbench_eval.discover import Candidate, Discovery, Problem, ProblemChanged, discover, pinned
+from kernelbench_eval.discover import Candidate, Discovery, ProblemChanged, discover
+from kernelbench_eval.guard import References
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import RunManifest, RunSettings, Verdict
@@ -174,8 +175,7 @@ class _Session:
         self.backend = backend
         self._record_lock = threading.Lock()
         self.judged: dict[tuple[str, str], Verdict] = {}
-        self._pinned: dict[str, Problem] = {}
-        self._seals: dict[int, tuple[object, dict[str, str]]] = {}  # lane -> (its reference, input digests)
+        self.references = References(found.problems)  # the problems' private copies, the inputs' seals
 
     def judge(self, todo: list[Candidate]) -> None:
         """Every candidate is judged in its own right: identical bytes share a build, never a verdict.
@@ -257,7 +257,7 @@ class _Session:
                          ) -> LaneResult:
         """`lane.evaluate`, where a tampered build is rebuilt once and any other file error is a verdict."""
         try:
-            problem = self._problem(cand)
+            problem = self.references.problem(cand.problem_id)
         except (OSError, ProblemChanged) as exc:
             return LaneResult({"status": "skipped", "error": str(exc)})
         for attempt in range(2):
@@ -276,50 +276,22 @@ class _Session:
         return LaneResult({"status": "runtime_error", "error": "its build was altered again after a rebuild"})
 
     def _open_reference(self, lane: LaneHandle, cand: Candidate, ref_log: Path) -> None:
-        """Open (or keep) the lane's reference here, sealing its input files the moment they exist.
-
-        Why here: the reference's inputs sit in a folder of the same user; a candidate could alter them
-        after its own copies were made, and the next candidate would be judged on them. Until evaluate.py
-        verifies each copy (`private.copy_sealed`), the seal is checked around every candidate instead, and
-        an altered set is regenerated. A Ray lane keeps its reference in its actor: not checked from here.
-        """
-        open_session = getattr(lane, "_session_for", None)
-        if open_session is None:
-            return
+        """Open the lane's reference here, so that its inputs are sealed before any candidate runs (`guard`)."""
         try:
-            problem = self._problem(cand)
-            opened = open_session(problem, ref_log)
+            warning = self.references.open(lane, self.references.problem(cand.problem_id), ref_log)
         except (OSError, ProblemChanged):  # judged (and reported) by `_evaluate_safely`
-            lane.close()  # type: ignore[attr-defined]
+            lane.close()
             return
-        if opened:
-            session = lane.session  # type: ignore[attr-defined]
-            if session.warning:
-                self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {session.warning}")
-            self._seals[id(lane)] = (session, private.seal_inputs(session.workdir) if not session.error else {})
+        if warning:
+            self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {warning}")
 
     def _reference_intact(self, lane: LaneHandle, culprit: Candidate | None) -> bool:
-        """False (and the reference closed, to be regenerated) when its sealed input files changed."""
-        session = getattr(lane, "session", None)
-        sealed = self._seals.get(id(lane))
-        if session is None or sealed is None or sealed[0] is not session or session.error:
+        """False when `culprit` (the only code running) altered the reference's inputs (regenerated next)."""
+        if self.references.intact(lane):
             return True
-        if private.seal_inputs(session.workdir) == sealed[1]:
-            return True
-        lane.close()  # type: ignore[attr-defined]
-        del self._seals[id(lane)]
-        self.warnings.append(f"{session.problem.problem_id}: the reference's input files were altered while "
-                             f"{culprit.candidate_id if culprit else 'candidate code'} ran; regenerated")
+        self.warnings.append(f"{culprit.problem_id if culprit else 'a problem'}: the reference's input files were "
+                             f"altered while {culprit.candidate_id if culprit else 'candidate code'} ran; regenerated")
         return culprit is None
-
-    def _problem(self, cand: Candidate) -> Problem:
-        """The problem as the reference imports it: the harness's verified copy of the discovered bytes."""
-        problem = self._pinned.get(cand.problem_id)
-        if problem is None:
-            problem = self._pinned[cand.problem_id] = pinned(self.found.problems[cand.problem_id])
-        else:
-            pinned(problem)  # re-verified and rewritten if altered, before each candidate
-        return problem
 
     def _check_tampering(self, culprit: Candidate | None) -> bool:
         """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from kernelbench_eval import forkserver
-from kernelbench_eval.forkserver import TOKEN_VAR, ForkedChild
+from kernelbench_eval import forkclient
+from kernelbench_eval.forkclient import TOKEN_VAR, ForkedChild
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ class WorkerProcess:
         read_fd, write_fd = os.pipe()
         env = self._env()
         try:
-            self.proc = forkserver.spawn(env, self.workdir, write_fd) or self._start_cold(env, write_fd)
+            self.proc = forkclient.spawn(env, self.workdir, write_fd) or self._start_cold(env, write_fd)
         finally:
             os.close(write_fd)
         self._reply_fd = read_fd
