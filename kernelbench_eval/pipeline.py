@@ -112,9 +112,9 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
     keep_memory_private()
-    private.enter()  # this process's temp files (references' inputs, workers' folders) in a private folder
     baselines.use_key_dir(opts.cache_dir)
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
+    private.enter()  # then this process's temp files (references' inputs, workers' folders) go in a private folder
     try:
         recorder, manifest = open_run(opts)
         found = found or discover(Path(manifest.problems_dir), Path(manifest.candidates_dir),
