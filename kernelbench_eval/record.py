@@ -35,33 +35,35 @@ class ManifestMismatch(ValueError):
     """`--resume` of a run folder whose run.json is not the one the harness wrote (exit 2)."""
 
 
-def _manifest_seal(cache_dir: Path, run_dir: Path) -> Path:
-    """Where the harness keeps run.json's digest: in the cache, keyed by the run folder's absolute path."""
-    name = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:32]
-    return cache_dir / "runs" / f"{name}.sha256"
+def _manifest_seal(cache_dir: Path, data: bytes) -> Path:
+    """Where the harness marks a run.json it wrote: in the cache, named by a MAC of its bytes (`keys`).
+
+    Keyed by content, not by the run folder's path, so a run folder copied elsewhere still resumes; named
+    by the cache's key, so a candidate cannot mark a run.json of its own making.
+    """
+    from kernelbench_eval import keys
+
+    digest = hashlib.sha256(data).hexdigest()
+    return cache_dir / "runs" / keys.name_for(keys.load_key(cache_dir), digest)
 
 
 def seal_manifest(cache_dir: Path, run_dir: Path) -> None:
-    """Remember the digest of the run.json just written, outside the run folder (candidates can edit that)."""
-    data = (run_dir / MANIFEST).read_bytes()
-    write_atomic(_manifest_seal(cache_dir, run_dir), hashlib.sha256(data).hexdigest() + "\n")
+    """Remember the run.json just written, outside the run folder (candidates can find and edit that)."""
+    write_atomic(_manifest_seal(cache_dir, (run_dir / MANIFEST).read_bytes()), f"{run_dir.resolve()}\n")
 
 
 def check_manifest(cache_dir: Path, run_dir: Path, manifest: RunManifest, problems: Path | None = None,
                    candidates: Path | None = None) -> None:
-    """Refuse a resume whose run.json differs from the harness's digest, or from folders the command names.
+    """Refuse a resume of a run.json the harness did not write, or that disagrees with the command line.
 
     Why: run.json lives in the run folder, which candidates can find and edit (point problems_dir at a
     forged copy, then kill the harness so that it is resumed).
     """
-    seal = _manifest_seal(cache_dir, run_dir)
-    try:
-        expected = seal.read_text().strip()
-    except OSError:
-        raise ManifestMismatch(f"{run_dir}: no record of this run in the cache {cache_dir} (started with another "
-                               "--cache-dir?); refusing to resume a run.json the harness cannot vouch for") from None
-    if hashlib.sha256((run_dir / MANIFEST).read_bytes()).hexdigest() != expected:
-        raise ManifestMismatch(f"{run_dir}/{MANIFEST} was changed after the harness wrote it; refusing to resume")
+    if not _manifest_seal(cache_dir, (run_dir / MANIFEST).read_bytes()).exists():
+        raise ManifestMismatch(f"{run_dir / MANIFEST} is not one this harness wrote (changed since, or another "
+                               "--cache-dir); refusing to resume")
+    if manifest.run_id != run_dir.name:
+        raise ManifestMismatch(f"{run_dir}: run.json names run {manifest.run_id!r}; refusing to resume")
     for given, recorded, what in ((problems, manifest.problems_dir, "problems"),
                                   (candidates, manifest.candidates_dir, "candidates")):
         if given is not None and given.resolve() != Path(recorded).resolve():
