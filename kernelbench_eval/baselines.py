@@ -3,32 +3,58 @@
 Compiling a reference with torch.compile takes tens of seconds, so its time is kept, keyed by the
 problem's source hash, the device name, the torch version and the timing settings, and reused by every
 later run with the same key. Several runs may share the file: updates merge under a lock.
+
+A candidate runs as the same user and can write this file. Every entry the harness stores carries an
+HMAC (`keys`, key in the cache dir, never given to a worker) over its content; an entry without a valid
+one is ignored (measured again and overwritten), so a baseline never comes from a candidate's process.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kernelbench_eval import keys, locks
 from kernelbench_eval.models import Baseline
 from kernelbench_eval.record import write_atomic
 
 FILE_NAME = "baselines.json"
+MAC = "mac"
+_MINE: dict[str, dict[str, dict]] = {}
+_key_dir: Path | None = None  # the run's cache dir (set by the pipeline); else $KBEVAL_CACHE_DIR or ~/.cache
+
+
+def use_key_dir(cache_dir: Path) -> None:
+    global _key_dir
+    _key_dir = cache_dir
+
+
+def _key() -> bytes:
+    env = os.environ.get("KBEVAL_CACHE_DIR")
+    return keys.load_key(_key_dir or (Path(env) if env else Path.home() / ".cache" / "kernelbench-eval"))
 
 
 class BaselineStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._mine: dict[str, dict] = {}  # entries this run wrote or used, to restore if something forges them
+        self.key = _key()
+        # entries this process wrote or verified, to restore if something forges them; shared by every store
+        # of this file in the process, so the run's `repair` restores what its lanes measured
+        self._mine: dict[str, dict] = _MINE.setdefault(str(path.resolve()), {})
 
     def get(self, key: str) -> Baseline | None:
         entry = self._read().get(key)
+        if not isinstance(entry, dict):
+            return None
+        content = {k: v for k, v in entry.items() if k != MAC}
+        if not keys.verify(self.key, content, entry.get(MAC)):
+            return None  # not written by a harness holding this cache's key: measured again
         try:
-            baseline = Baseline.model_validate(entry) if entry else None
+            baseline = Baseline.model_validate(content)
         except ValueError:
             return None  # a damaged entry is measured again
         if baseline and baseline.key() != key:
@@ -42,8 +68,7 @@ class BaselineStore:
         """Held while one baseline is measured, so that it is measured once by all who want it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tag = hashlib.sha256(key.encode()).hexdigest()[:16]
-        with open(self.path.with_name(f".{self.path.name}.{tag}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locks.hold(self.path.with_name(f".{self.path.name}.{tag}.lock")):
             yield
 
     def adopt(self, key: str) -> None:
@@ -51,7 +76,8 @@ class BaselineStore:
         self.get(key)
 
     def put(self, baseline: Baseline) -> None:
-        self._mine[baseline.key()] = baseline.model_dump(mode="json")
+        content = baseline.model_dump(mode="json")
+        self._mine[baseline.key()] = content | {MAC: keys.sign(self.key, content)}
         self._merge()
 
     def repair(self) -> bool:
@@ -66,8 +92,7 @@ class BaselineStore:
 
     def _merge(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locks.hold(self.path.with_name(f".{self.path.name}.lock")):
             entries = {**self._read(), **self._mine}
             write_atomic(self.path, json.dumps(entries, indent=1, sort_keys=True))
 

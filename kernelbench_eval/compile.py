@@ -3,11 +3,20 @@
 `load_inline` compiles at import time, so "compiling" a candidate means importing it. Each source gets
 its own extension directory keyed by its SHA-256, the torch version and the device kind: an unchanged
 candidate is never rebuilt, and two candidates never share (or clobber) a build.
+
+A build folder's name is computable from any source's bytes, so a candidate (same user) can write into
+another's. Hence the record the harness keeps (`compile.json`) is signed (`keys`) and lists the digest of
+every artifact; a record that does not verify, or artifacts that do not match it, are thrown away and
+rebuilt, never loaded. Locks live under `<cache>/locks/`, named by the key, and are waited on for a
+bounded time (`locks`).
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import hashlib
+import json
+import os
 import shutil
 import tempfile
 import time
@@ -18,12 +27,18 @@ from pathlib import Path
 
 import torch
 
+from kernelbench_eval import keys, locks
 from kernelbench_eval.discover import Candidate
 from kernelbench_eval.models import CompileRecord, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.record import write_atomic
 
 RECORD_NAME = "compile.json"
+UNHASHED = frozenset({"lock", ".ninja_log", ".ninja_deps"})  # rewritten by load_inline/ninja on every load
+
+
+class BuildTampered(OSError):
+    """A build's artifacts no longer match the harness's signed record: rebuild it, do not load it."""
 
 
 @dataclass
@@ -52,40 +67,91 @@ def compile_candidate(
     the cache) build once: the second waits, then finds the record.
     """
     build = build_dir(cache_dir, candidate, device)
-    with build_lock(build):
-        return _compile_locked(candidate, build, log_path, timeout)
+    for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
+        try:
+            with build_lock(build, verify=False):
+                return _compile_locked(candidate, build, log_path, timeout)
+        except OSError as exc:
+            error = f"build folder unusable: {exc}"
+            if attempt == 0 and not isinstance(exc, locks.LockError):
+                with contextlib.suppress(OSError):
+                    _clear(build)
+    return Compiled(CompileRecord(ok=False, status="compile_error", error=error), build, cached=False)
 
 
 @contextmanager
-def build_lock(build: Path) -> Iterator[None]:
+def build_lock(build: Path, verify: bool = True) -> Iterator[None]:
     """Held by whoever imports a candidate from `build` (its compile, and each evaluation's load).
 
     `load_inline` guards its build folder with a lock file it deletes when done (torch's FileBaton); a
     process killed while holding it (a harness killed mid-run, a candidate killed at its timeout) leaves
     the file behind, and every later import of that source waits for it forever. Since every import of a
     build happens under this lock, any such file found once we hold it is stale, and is removed.
+    With `verify` (a load), the artifacts must still match the signed record, else `BuildTampered`.
     """
-    build.parent.mkdir(parents=True, exist_ok=True)
-    with open(build.with_name(build.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    key = keys.load_key(build.parent.parent)
+    with locks.hold(build.parent.parent / "locks" / f"{keys.name_for(key, build.name)}.lock"):
         for stale in (build / "ext").glob("*/lock"):
             stale.unlink(missing_ok=True)
+        if verify and _verified(build, key) is None:
+            raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
         yield
 
 
+def artifact_digests(build: Path) -> dict[str, str]:
+    """sha256 of every file under the build's extension folder (links by target), the lock files aside."""
+    digests: dict[str, str] = {}
+    ext = build / "ext"
+    for path in sorted(ext.rglob("*")) if ext.is_dir() else []:
+        rel = str(path.relative_to(ext))
+        if path.is_symlink():
+            digests[rel] = "link:" + os.readlink(path)
+        elif path.is_file() and path.name not in UNHASHED:
+            digests[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def _verified(build: Path, key: bytes) -> CompileRecord | None:
+    """The record if it is the harness's own (signature) and the artifacts are as built; else None."""
+    try:
+        stored = json.loads((build / RECORD_NAME).read_text())
+        payload = {k: stored[k] for k in ("record", "artifacts", "log_sha256")}
+        if not keys.verify(key, payload, stored.get("mac")) or payload["artifacts"] != artifact_digests(build):
+            return None
+        return CompileRecord.model_validate(payload["record"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_record(build: Path, key: bytes, record: CompileRecord, log: str) -> None:
+    payload = {"record": record.model_dump(mode="json"), "artifacts": artifact_digests(build),
+               "log_sha256": hashlib.sha256(log.encode()).hexdigest()}
+    write_atomic(build / RECORD_NAME, json.dumps(payload | {"mac": keys.sign(key, payload)}))
+
+
 def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> Compiled:
-    record_path = build / RECORD_NAME
-    if record_path.exists():
-        record = CompileRecord.model_validate_json(record_path.read_text())
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"compile cached: {build}\n" + _cached_log(build))
+    key = keys.load_key(build.parent.parent)
+    record = _verified(build, key)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if record is not None:
+        log_path.write_text(f"compile cached: {build}\n" + _cached_log(build, key))
         return Compiled(record, build, cached=True)
+    _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
     record = _import_once(candidate, build, log_path, timeout)
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
-        shutil.copyfile(log_path, build / "compile.log")
-        write_atomic(record_path, record.model_dump_json())
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        write_atomic(build / "compile.log", log)
+        _write_record(build, key, record, log)
     return Compiled(record, build, cached=False)
+
+
+def _clear(build: Path) -> None:
+    """Remove a build folder's contents (a folder, a file or a link in its place alike)."""
+    if build.is_symlink() or build.is_file():
+        build.unlink()
+    elif build.exists():
+        shutil.rmtree(build)
 
 
 def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> CompileRecord:
@@ -114,6 +180,11 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
     )
 
 
-def _cached_log(build: Path) -> str:
-    log = build / "compile.log"
-    return log.read_text(errors="replace") if log.exists() else ""
+def _cached_log(build: Path, key: bytes) -> str:
+    """The first build's log, when it is the one the harness recorded (a forged log is not shown)."""
+    try:
+        log = (build / "compile.log").read_text(errors="replace")
+        stored = json.loads((build / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return ""
+    return log if hashlib.sha256(log.encode()).hexdigest() == stored.get("log_sha256") else ""

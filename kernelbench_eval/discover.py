@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
@@ -23,6 +24,11 @@ class Problem:
     problem_id: str
     path: Path
     source_sha256: str
+    source: bytes | None = field(default=None, compare=False, repr=False)  # the bytes hashed at discovery
+
+
+class ProblemChanged(ValueError):
+    """A problem's bytes are not those hashed at discovery."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,41 @@ def find_problems(problems_dir: Path, warnings: list[str]) -> dict[str, Problem]
         if pid in problems:
             warnings.append(f"{path}: problem id {pid!r} already defined by {problems[pid].path}; ignored")
             continue
-        problems[pid] = Problem(problem_id=pid, path=path, source_sha256=sha256_file(path))
+        data = path.read_bytes()  # read once: the reference imports a private copy of these bytes
+        problems[pid] = Problem(problem_id=pid, path=path, source_sha256=hashlib.sha256(data).hexdigest(),
+                                source=data)
     return problems
+
+
+def private_copy(problem: Problem) -> Path:
+    """The harness's own copy of the problem's discovered bytes, checked (and rewritten) on every call.
+
+    Why: a candidate runs before the reference is imported and could edit the user's file in between
+    (and restore it, mtime included). The reference imports this copy instead, from a 0700 folder in the
+    harness's private temp folder (`private`); its hash is verified against discovery's each time.
+    """
+    from kernelbench_eval import private  # here: discovery itself stays free of side effects
+
+    data = problem.source if problem.source is not None else problem.path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != problem.source_sha256:
+        raise ProblemChanged(f"{problem.path}: changed since it was discovered (sha256 differs)")
+    folder = private.folder("problems") / problem.source_sha256[:32]
+    folder.mkdir(mode=0o700, exist_ok=True)
+    copy = folder / f"{problem.problem_id}.py"
+    try:
+        if copy.read_bytes() == data:
+            return copy
+    except OSError:
+        pass
+    tmp = folder / f".{problem.problem_id}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    tmp.replace(copy)
+    return copy
+
+
+def pinned(problem: Problem) -> Problem:
+    """The problem as the reference must see it: its path is the verified private copy."""
+    return replace(problem, path=private_copy(problem))
 
 
 def make_candidate(problem: Problem, path: Path) -> Candidate:

@@ -4,25 +4,26 @@ Why: every candidate costs two workers (check, then timing), and a cold `python 
 spends seconds importing torch before it can answer. A fork of an interpreter that has imported torch (and
 never touched CUDA) answers in milliseconds.
 
-Three roles live in this file:
+Three roles; the harness side lives in `forkclient` (re-exported here), the other two in this file:
 
-- **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; this starts the server
-  for the worker's base environment once (lazily), sends it a spawn request and gets back a `ForkedChild`,
-  which offers the parts of `subprocess.Popen` the worker needs (`pid`, `stdin`, `stdout`, `poll`, `wait`,
-  `returncode`). Anything that goes wrong returns None, and the caller starts a cold worker as before.
-- **Server** (`python -m kernelbench_eval.forkserver`): imports torch and the worker, then listens on a Unix
-  socket in a private (0700) directory. It never runs candidate code and never initialises CUDA (checked
-  before every fork: a CUDA context does not survive `fork`). It dies with the harness (PR_SET_PDEATHSIG,
-  EOF on its stdin, a pipe only the harness holds, or a new parent), only talks to the harness (SO_PEERCRED),
-  and is not dumpable, so a candidate cannot write into it to change every worker forked after it.
+- **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; `forkclient` starts
+  the server for the worker's base environment once and gets back a `ForkedChild` (or None: start cold).
+- **Server** (`python -m kernelbench_eval.forkserver`): imports torch and the worker, then reads spawn
+  requests from a control socket, one end of a socketpair the harness created and passed it at start. It
+  never runs candidate code and never initialises CUDA (checked before every fork: a CUDA context does not
+  survive `fork`). It dies with the harness (PR_SET_PDEATHSIG, EOF on its stdin or control socket, or a new
+  parent), and is not dumpable, so a candidate cannot write into it to change every worker forked after it.
+  There is no socket path: a filesystem socket (its path in the server's argv) could be renamed over by a
+  candidate's own, which would then start every later worker; a pre-connected pair cannot be replaced.
 - **Child**: set up exactly like a cold worker (own session, fds 0/1/2 on the harness's pipes, only the reply
   pipe besides, working directory, environment, PR_SET_PDEATHSIG, fresh random seeds), then `worker.serve`.
 
-Protocol, one SOCK_SEQPACKET connection per child: the harness sends `{"env": {...}, "cwd": "..."}` with three
-fds (SCM_RIGHTS): the child's stdin read end, its stdout/stderr write end and its reply-pipe write end. The
-server answers `{"pid": N}` (or `{"error": "..."}`), and `{"status": S}` (a raw wait status) when the child
-has exited and been reaped. If the server dies first, the connection closes without a status: its children
-got SIGKILL through their own PR_SET_PDEATHSIG.
+Protocol: per child, the harness makes a SOCK_SEQPACKET socketpair and sends, over the control socket,
+`{"env": {...}, "cwd": "..."}` with four fds (SCM_RIGHTS): its end of that pair, the child's stdin read end,
+its stdout/stderr write end and its reply-pipe write end. The server answers on the pair `{"pid": N}` (or
+`{"error": "..."}`), and `{"status": S}` (a raw wait status) when the child has exited and been reaped. If
+the server dies first, the connection closes without a status: its children got SIGKILL through their own
+PR_SET_PDEATHSIG.
 
 The worker's token (`TOKEN_VAR`) must show in `/proc/<pid>/environ`, which lists the environment a process was
 *exec'd* with, not what it later set; that is how the harness finds what a worker left behind, even outside
@@ -39,282 +40,44 @@ import ctypes
 import importlib
 import json
 import os
-import queue
 import random
 import runpy
 import select
-import shutil
 import signal
 import socket
-import struct
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 import traceback
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kernelbench_eval.forkclient import (  # noqa: F401  (the harness side, re-exported)
+    _SERVERS,
+    _STAT_ENV_START,
+    FORK_SAFE_VARS,
+    MAX_REQUEST_BYTES,
+    REPLY_TIMEOUT,
+    SWITCH_VAR,
+    TOKEN_LENGTH,
+    TOKEN_PLACEHOLDER,
+    TOKEN_VAR,
+    WORKER_MODULE,
+    ForkedChild,
+    ForkServer,
+    _read_line,
+    enabled,
+    spawn,
+    stop_all,
+)
 from kernelbench_eval.linux import die_with_parent, keep_memory_private
-
-TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
-TOKEN_LENGTH = 32  # secrets.token_hex(16)
-TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
-# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds) or by the
-# harness: one server serves every value. Any other variable a worker sets gets a server of its own.
-FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES",
-                            "TORCHINDUCTOR_COMPILE_THREADS"})
-WORKER_MODULE = "kernelbench_eval.worker"
-SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
-READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy machine is slow at this)
-REPLY_TIMEOUT = 30.0  # seconds for a server to answer a spawn request
-MAX_STARTS = 3  # servers started per base environment; past that, its workers start cold
-MAX_REQUEST_BYTES = 1 << 20
-_STAT_ENV_START = 47  # env_start, field 50 of /proc/<pid>/stat, counted from field 3 (after the command name)
-
-
-def enabled() -> bool:
-    """Forking is on unless KBEVAL_FORKSERVER=0, and possible only where fds can be passed (Linux)."""
-    return os.environ.get(SWITCH_VAR, "1") != "0" and sys.platform == "linux" and hasattr(socket, "send_fds")
-
-
-# -- harness side --------------------------------------------------------------------------------------------
-
-
-class ForkedChild:
-    """A worker forked by the server: the subset of `subprocess.Popen` that `WorkerProcess` uses.
-
-    Its exit status arrives over the server connection, since the harness is not its parent and cannot
-    `waitpid` it. `returncode` follows Popen: the exit code, or minus the signal that killed it.
-    """
-
-    def __init__(self, pid: int, conn: socket.socket, stdin: Any, stdout: Any) -> None:
-        self.pid = pid
-        self.stdin = stdin
-        self.stdout = stdout
-        self.returncode: int | None = None
-        self._conn = conn
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self._receive_status(0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and not self._receive_status(timeout):
-            raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
-        assert self.returncode is not None
-        return self.returncode
-
-    def _receive_status(self, timeout: float | None) -> bool:
-        ready, _, _ = select.select([self._conn], [], [], timeout)
-        if not ready:
-            return False
-        try:
-            data = self._conn.recv(4096)
-        except OSError:
-            data = b""
-        if data:
-            self.returncode = os.waitstatus_to_exitcode(json.loads(data)["status"])
-        else:  # the server died: its PR_SET_PDEATHSIG killed this child
-            self.returncode = -signal.SIGKILL
-        self._conn.close()
-        return True
-
-
-def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
-    """Fork a worker with environment `env` (what a cold worker would get) in `cwd`, replying on `reply_fd`.
-
-    None when forking is off or fails for any reason: the caller then starts a cold worker.
-    """
-    if not enabled() or len(env.get(TOKEN_VAR, "")) != TOKEN_LENGTH:
-        return None
-    server_env = {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
-    child_env = {k: v for k, v in env.items() if k in FORK_SAFE_VARS}
-    server = _server_for(server_env)
-    if server is None:
-        return None
-    stdin_read, stdin_write = os.pipe()
-    out_read, out_write = os.pipe()
-    try:
-        pid, conn = server.spawn(child_env, cwd, [stdin_read, out_write, reply_fd])
-    except (OSError, ValueError, KeyError) as exc:
-        os.close(stdin_write)
-        os.close(out_read)
-        _drop_server(server, exc)
-        return None
-    finally:
-        os.close(stdin_read)
-        os.close(out_write)
-    return ForkedChild(pid, conn, open(stdin_write, "wb"), open(out_read, "rb"))  # noqa: SIM115 (the worker's)
-
-
-class _SpawnRefused(OSError):
-    """The server answered, but could not fork this child (it stays up for the next one)."""
-
-
-class ForkServer:
-    """The harness's handle on one server process and its socket."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.dir = Path(tempfile.mkdtemp(prefix="kbeval-forkserver-"))  # 0700: only this user can reach the socket
-        self.path = self.dir / "socket"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start the server (from the keeper thread) and wait until it listens; raise if it does not."""
-        argv = [sys.executable, "-m", "kernelbench_eval.forkserver", "--socket", str(self.path),
-                "--parent", str(os.getpid())]
-        self.proc = _KEEPER.call(lambda: subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=self.dir,
-            env=self.env, start_new_session=True))  # its own session: a Ctrl-C meant for the harness passes it by
-        assert self.proc.stdout is not None
-        line = _read_line(self.proc.stdout.fileno(), READY_TIMEOUT)
-        self.proc.stdout.close()
-        if line != b"ready":
-            raise RuntimeError(f"fork server did not start: {line.decode(errors='replace')[:300] or 'no answer'}")
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def spawn(self, env: dict[str, str], cwd: Path, fds: list[int]) -> tuple[int, socket.socket]:
-        """Ask for one child; (its pid, the connection its exit status will arrive on)."""
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            conn.settimeout(REPLY_TIMEOUT)
-            conn.connect(str(self.path))
-            socket.send_fds(conn, [json.dumps({"env": env, "cwd": str(cwd)}).encode()], fds)
-            reply = json.loads(conn.recv(4096) or b"{}")
-            if "pid" not in reply:
-                raise _SpawnRefused(reply.get("error", "the fork server closed the connection"))
-            conn.settimeout(None)
-            return int(reply["pid"]), conn
-        except BaseException:
-            conn.close()
-            raise
-
-    def stop(self) -> None:
-        """Close its lifeline (it then kills its children and exits), then make sure it is gone."""
-        if self.proc is not None:
-            with contextlib.suppress(OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class _Keeper:
-    """One thread, alive as long as the harness, that starts every server.
-
-    PR_SET_PDEATHSIG fires when the *thread* that started a process exits, not the process: a server started
-    from a pool thread would be killed (with every worker it forked) when that pool shuts down.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kbeval-forkserver-keeper", daemon=True)
-                self._thread.start()
-        future: Future[Any] = Future()
-        self._jobs.put((fn, future))
-        return future.result()
-
-    def _run(self) -> None:
-        while True:
-            fn, future = self._jobs.get()
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # handed to the caller, who falls back to a cold worker
-                future.set_exception(exc)
-
-
-_KEEPER = _Keeper()
-_LOCK = threading.Lock()
-_SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
-_STARTS: dict[tuple[tuple[str, str], ...], int] = {}
-
-
-def _server_for(env: dict[str, str]) -> ForkServer | None:
-    """The running server for this base environment, started now if need be; None if it cannot be had."""
-    key = tuple(sorted(env.items()))
-    with _LOCK:
-        server = _SERVERS.get(key)
-        if server is not None and server.alive():
-            return server
-        if server is not None:  # it died (or was killed): start another, a few times at most
-            del _SERVERS[key]
-            server.stop()
-        if _STARTS.get(key, 0) >= MAX_STARTS:
-            return None
-        if not _STARTS:
-            atexit.register(stop_all)
-        _STARTS[key] = _STARTS.get(key, 0) + 1
-        server = ForkServer(env)
-        try:
-            server.start()
-        except (OSError, RuntimeError, ValueError):
-            server.stop()
-            return None
-        _SERVERS[key] = server
-        return server
-
-
-def _drop_server(server: ForkServer, exc: BaseException) -> None:
-    """After a failed spawn: keep a server that refused one fork, stop one that is dead or does not answer."""
-    if isinstance(exc, _SpawnRefused) and server.alive():
-        return
-    with _LOCK:
-        for key, known in list(_SERVERS.items()):
-            if known is server:
-                del _SERVERS[key]
-    server.stop()
-
-
-def stop_all() -> None:
-    """Stop every server (at exit; their children die with them)."""
-    with _LOCK:
-        servers = list(_SERVERS.values())
-        _SERVERS.clear()
-    for server in servers:
-        server.stop()
-
-
-def _read_line(fd: int, timeout: float) -> bytes:
-    """One line from `fd` within `timeout` seconds (without its newline); what came so far if not."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data.partition(b"\n")[0]
-
 
 # -- server --------------------------------------------------------------------------------------------------
 
 
 class _Server:
-    """Accepts spawn requests from the harness only, forks children, reports how each one ended."""
+    """Takes spawn requests from the harness's control socket, forks children, reports how each one ended."""
 
-    def __init__(self, listener: socket.socket, parent: int, import_fds: frozenset[int]) -> None:
-        self.listener = listener
+    def __init__(self, control: socket.socket, parent: int, import_fds: frozenset[int]) -> None:
+        self.control = control
         self.parent = parent
         self.import_fds = import_fds  # opened by the imports: a cold worker would have them too
         self.children: dict[int, socket.socket] = {}  # pid -> the connection its status goes back on
@@ -327,7 +90,7 @@ class _Server:
 
     def run(self) -> None:
         poller = select.poll()
-        for fd in (0, self.wake_read, self.listener.fileno()):
+        for fd in (0, self.wake_read, self.control.fileno()):
             poller.register(fd, select.POLLIN)
         while os.getppid() == self.parent:
             for fd, _ in poller.poll(1000):
@@ -336,9 +99,8 @@ class _Server:
                 if fd == self.wake_read:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wake_read, 4096)
-                if fd == self.listener.fileno():
-                    with contextlib.suppress(OSError):  # out of fds, say: the harness falls back for that one
-                        self._accept()
+                if fd == self.control.fileno() and not self._accept():
+                    return  # the harness closed its end: it is gone
             self._reap()
 
     def shutdown(self) -> None:
@@ -346,15 +108,19 @@ class _Server:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
-    def _accept(self) -> None:
-        conn, _ = self.listener.accept()
-        conn.settimeout(5)
-        if _peer_pid(conn) != self.parent:  # another process of this user (a candidate?) may not spawn
-            conn.close()
-            return
-        fds: list[int] = []
+    def _accept(self) -> bool:
+        """Serve one request from the control socket; False on its EOF (the harness is gone)."""
         try:
-            message, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
+            message, fds, flags, _ = socket.recv_fds(self.control, MAX_REQUEST_BYTES, 4)
+        except OSError:  # out of fds, say: the harness times out on that one and starts it cold
+            return True
+        if not message and not fds:
+            return False
+        if not fds:
+            return True  # nowhere to answer
+        conn = socket.socket(fileno=fds.pop(0))
+        conn.settimeout(5)
+        try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
                 raise ValueError("malformed spawn request")
             pid = self._fork(json.loads(message), fds, conn)
@@ -362,7 +128,7 @@ class _Server:
             with contextlib.suppress(OSError):
                 conn.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             conn.close()
-            return
+            return True
         finally:
             for fd in fds:
                 os.close(fd)
@@ -372,8 +138,9 @@ class _Server:
             conn.close()
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)  # its session, set up before the fork returned
-            return
+            return True
         self.children[pid] = conn
+        return True
 
     def _fork(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> int:
         import torch
@@ -403,7 +170,7 @@ class _Server:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for sock in (self.listener, conn, *self.children.values()):
+        for sock in (self.control, conn, *self.children.values()):
             sock.close()  # only this process's copy: the server keeps its own
         os.close(self.wake_read)
         os.close(self.wake_write)
@@ -423,11 +190,6 @@ class _Server:
                 conn.close()
 
 
-def _peer_pid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[0]
-
-
 def _token_address() -> int | None:
     """Where this process's exec'd environment holds the placeholder token (what /proc/<pid>/environ shows)."""
     fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
@@ -441,8 +203,8 @@ def _open_fds() -> list[int]:
     return [int(name) for name in os.listdir("/proc/self/fd")]
 
 
-def serve_forever(socket_path: str, parent: int) -> None:
-    """The server's life: die with the harness, import, listen, say ready, fork on request."""
+def serve_forever(control_fd: int, parent: int) -> None:
+    """The server's life: die with the harness, import, say ready, fork on request."""
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so the cleanup below runs (children die either way)
     die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the harness died before the line above took effect
@@ -455,14 +217,12 @@ def serve_forever(socket_path: str, parent: int) -> None:
 
         if _token_address() is None:
             raise RuntimeError(f"no {TOKEN_VAR} placeholder in this process's environment block")
-        import_fds = frozenset(_open_fds()) - {0, 1, 2}
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(socket_path)
-        listener.listen(64)
+        control = socket.socket(fileno=control_fd)
+        import_fds = frozenset(_open_fds()) - {0, 1, 2, control_fd}
     except Exception as exc:
         os.write(1, f"error: {type(exc).__name__}: {exc}\n".encode())
         return
-    server = _Server(listener, parent, import_fds)
+    server = _Server(control, parent, import_fds)
     os.write(1, b"ready\n")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # nothing more to say; the harness stops reading
@@ -471,12 +231,9 @@ def serve_forever(socket_path: str, parent: int) -> None:
         server.run()
     finally:
         # The harness's death closes our lifeline (EOF) before the kernel sends PR_SET_PDEATHSIG: a SIGTERM
-        # landing in here would cut the cleanup short and leave the private directory behind.
+        # landing in here must not cut the children's cleanup short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.shutdown()
-        with contextlib.suppress(OSError):
-            os.unlink(socket_path)
-            os.rmdir(os.path.dirname(socket_path))  # the private directory, when the harness could not
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -588,10 +345,10 @@ def _exit(code: int) -> NoReturn:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="kbeval fork server (started by the harness, not by hand)")
-    parser.add_argument("--socket", required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
-    serve_forever(args.socket, args.parent)
+    serve_forever(args.control_fd, args.parent)
 
 
 if __name__ == "__main__":

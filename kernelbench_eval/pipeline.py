@@ -21,16 +21,17 @@ from typing import Protocol
 
 import torch
 
-from kernelbench_eval import schedule
+from kernelbench_eval import baselines, private, schedule
 from kernelbench_eval.aggregates import verdict_context
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import Compiled
-from kernelbench_eval.discover import Candidate, Discovery, discover
-from kernelbench_eval.lanes import LaneConfig, LaneHandle, LocalBackend
+from kernelbench_eval.compile import BuildTampered, Compiled
+from kernelbench_eval.discover import Candidate, Discovery, ProblemChanged, discover
+from kernelbench_eval.guard import References
+from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import Findings, RunManifest, RunSettings, Verdict
-from kernelbench_eval.record import RunRecorder
+from kernelbench_eval.record import RunRecorder, check_manifest, seal_manifest
 
 
 @dataclass
@@ -86,7 +87,9 @@ def resolve_device(device: str) -> str:
 def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     """A new run directory with fresh secret seeds, or the manifest of the run being resumed."""
     if opts.resume:
-        return RunRecorder(opts.resume), read_manifest(opts.resume)
+        manifest = read_manifest(opts.resume)
+        check_manifest(opts.cache_dir, opts.resume, manifest)
+        return RunRecorder(opts.resume), manifest
     run_id = opts.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{opts.settings.device}"
     run_dir = opts.results_dir / run_id
     if (run_dir / "run.json").exists():
@@ -103,6 +106,7 @@ def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
     )
     recorder = RunRecorder(run_dir)
     recorder.write_manifest(manifest)
+    seal_manifest(opts.cache_dir, run_dir)
     return recorder, manifest
 
 
@@ -141,8 +145,10 @@ def manifest_dirs(manifest: RunManifest, run_dir: Path) -> tuple[Path, Path]:
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
     """Judge every candidate not yet judged under these settings; `found` overrides discovery (`eval`)."""
     keep_memory_private()
+    baselines.use_key_dir(opts.cache_dir)
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
     backend = opts.observe(backend) if opts.observe else backend
+    private.enter()  # then this process's temp files (references, workers' folders) go in a private folder
     try:
         recorder, manifest = open_run(opts)
         found = found or discover(*manifest_dirs(manifest, recorder.run_dir), opts.only or manifest.only)
@@ -201,20 +207,14 @@ class _Session:
         self.backend = backend
         self._record_lock = threading.Lock()
         self.judged: dict[tuple[str, str], Verdict] = {}
+        self.references = References(found.problems)  # the problems' private, verified copies
 
     def judge(self, todo: list[Candidate]) -> None:
-        runnable, copies = _first_of_each_source([c for c in todo if not self._judged_statically(c)])
-        self._judge_runnable(runnable)
-        for copy, original in copies:  # identical bytes for the same problem: judged once, verdict reused
-            self._record_copy(copy, original)
+        """Every candidate is judged in its own right: identical bytes share a build, never a verdict.
 
-    def _record_copy(self, copy: Candidate, original: Candidate) -> None:
-        verdict = self.judged.get((original.problem_id, original.candidate_id))
-        if verdict is None:
-            return  # the original was not judged (the run stopped): the copy is judged on resume
-        findings = verdict.findings()
-        findings.duplicate_of = original.candidate_id
-        self._record(copy, 0.0, findings)
+        (A copy that inherited its twin's verdict could behave differently under its own file name.)
+        """
+        self._judge_runnable([c for c in todo if not self._judged_statically(c)])
 
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
         """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
@@ -245,7 +245,12 @@ class _Session:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
         started = time.perf_counter()
         with self.activity:
-            compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+            try:
+                compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout)
+            except OSError as exc:  # something planted in the cache: this candidate's verdict, not a dead run
+                findings = Findings(status="compile_error", error=f"build folder unusable: {exc}")
+                self._record(cand, time.perf_counter() - started, findings, log=log)
+                return None
         seconds = time.perf_counter() - started
         if compiled.record.ok:
             return _Built(compiled, seconds)
@@ -260,7 +265,7 @@ class _Session:
         with self.activity:
             self._check_tampering(None)  # what happened before this candidate ran is not its doing
             alone = self.activity.snapshot()
-            result = lane.evaluate(self.found.problems[cand.problem_id], cand.path, built.compiled, ref_log, log)
+            result = self._evaluate_safely(lane, cand, built, ref_log, log)
             findings = result.findings
             if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
                 findings.disqualify("incorrect", "cheating detected: it altered the run's verdicts.jsonl while it "
@@ -271,6 +276,28 @@ class _Session:
             self.store.adopt(result.baseline_key)
         self._record(cand, built.seconds + time.perf_counter() - started,
                      _with_build(findings, built.compiled, built.seconds), log=log)
+
+    def _evaluate_safely(self, lane: LaneHandle, cand: Candidate, built: _Built, ref_log: Path, log: Path
+                         ) -> LaneResult:
+        """`lane.evaluate`, where a tampered build is rebuilt once and any other file error is a verdict."""
+        try:
+            problem = self.references.problem(cand.problem_id)
+        except (OSError, ProblemChanged) as exc:
+            return LaneResult(Findings(status="skipped", error=str(exc)))
+        for attempt in range(2):
+            try:
+                return lane.evaluate(problem, cand.path, built.compiled, ref_log, log)
+            except BuildTampered as exc:
+                self.warnings.append(f"{cand.path}: {exc}")
+                if attempt == 0:
+                    built.compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log,
+                                                          self.opts.compile_timeout)
+                    if not built.compiled.record.ok:
+                        return LaneResult(Findings(status=built.compiled.record.status or "compile_error",
+                                                   error=f"rebuild: {built.compiled.record.error}"))
+            except OSError as exc:  # a lock or file another candidate broke: this verdict, not the run
+                return LaneResult(Findings(status="runtime_error", error=f"harness file error while judging: {exc}"))
+        return LaneResult(Findings(status="runtime_error", error="its build was altered again after a rebuild"))
 
     def _check_tampering(self, culprit: Candidate | None) -> bool:
         """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
@@ -321,19 +348,6 @@ def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findi
     findings.compile_seconds = round(seconds, 3)
     findings.built_on = getattr(compiled, "built_on", None)  # the Ray node that built it
     return findings
-
-
-def _first_of_each_source(candidates: list[Candidate]) -> tuple[list[Candidate], list[tuple[Candidate, Candidate]]]:
-    """The candidates to judge, and (copy, original) for each later one with the same bytes and problem."""
-    first: dict[tuple[str, str], Candidate] = {}
-    copies = []
-    for cand in candidates:
-        key = (cand.problem_id, cand.source_sha256)
-        if key in first:
-            copies.append((cand, first[key]))
-        else:
-            first[key] = cand
-    return list(first.values()), copies
 
 
 class _Activity:

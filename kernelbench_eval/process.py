@@ -18,16 +18,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from kernelbench_eval import forkserver
-from kernelbench_eval.forkserver import TOKEN_VAR, ForkedChild
+from kernelbench_eval import forkclient
+from kernelbench_eval.forkclient import TOKEN_VAR, ForkedChild
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giving up on it
+ALLOWED_VARS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
+                          "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
+                          "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KBEVAL_LOG_CAP", "KBEVAL_FORKSERVER",
+                          "KBEVAL_LOCK_WAIT", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+                          "VIRTUAL_ENV", "CONDA_PREFIX"})
+ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "NCCL_", "CUDNN_", "NVCC_")
 
 
 class WorkerFailure(Exception):
@@ -67,7 +73,7 @@ class WorkerProcess:
         read_fd, write_fd = os.pipe()
         env = self._env()
         try:
-            self.proc = forkserver.spawn(env, self.workdir, write_fd) or self._start_cold(env, write_fd)
+            self.proc = forkclient.spawn(env, self.workdir, write_fd) or self._start_cold(env, write_fd)
         finally:
             os.close(write_fd)
         self._reply_fd = read_fd
@@ -75,8 +81,8 @@ class WorkerProcess:
         self._pump.start()
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ, **self.extra_env)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        env = worker_env(os.environ) | self.extra_env
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         env[TOKEN_VAR] = self._token
         return env
@@ -188,6 +194,16 @@ class WorkerProcess:
             self._pump.join(timeout=5)
             if not self._pump.is_alive() and self.proc.stdout:
                 self.proc.stdout.close()
+
+
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a worker may inherit from the harness: an allow-list, so no credential ever reaches one.
+
+    Why: a candidate can read its whole environment (API keys, cloud tokens, the cache's location). It gets
+    what running Python, torch and a compiler needs, nothing else; the harness adds its own (PYTHONPATH,
+    the extension folder, the token) on top.
+    """
+    return {k: v for k, v in environ.items() if k in ALLOWED_VARS or k.startswith(ALLOWED_PREFIXES)}
 
 
 def _copy_capped(stream: object, log_path: Path) -> None:

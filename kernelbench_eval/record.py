@@ -11,6 +11,7 @@ user process can set back); the file is then restored and the change reported.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -28,6 +29,45 @@ def write_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
+
+
+class ManifestMismatch(ValueError):
+    """`--resume` of a run folder whose run.json is not the one the harness wrote (exit 2)."""
+
+
+def _manifest_seal(cache_dir: Path, data: bytes) -> Path:
+    """Where the harness marks a run.json it wrote: in the cache, named by a MAC of its bytes (`keys`).
+
+    Keyed by content, not by the run folder's path, so a run folder copied elsewhere still resumes; named
+    by the cache's key, so a candidate cannot mark a run.json of its own making.
+    """
+    from kernelbench_eval import keys
+
+    digest = hashlib.sha256(data).hexdigest()
+    return cache_dir / "runs" / keys.name_for(keys.load_key(cache_dir), digest)
+
+
+def seal_manifest(cache_dir: Path, run_dir: Path) -> None:
+    """Remember the run.json just written, outside the run folder (candidates can find and edit that)."""
+    write_atomic(_manifest_seal(cache_dir, (run_dir / MANIFEST).read_bytes()), f"{run_dir.resolve()}\n")
+
+
+def check_manifest(cache_dir: Path, run_dir: Path, manifest: RunManifest, problems: Path | None = None,
+                   candidates: Path | None = None) -> None:
+    """Refuse a resume of a run.json the harness did not write, or that disagrees with the command line.
+
+    Why: run.json lives in the run folder, which candidates can find and edit (point problems_dir at a
+    forged copy, then kill the harness so that it is resumed).
+    """
+    if not _manifest_seal(cache_dir, (run_dir / MANIFEST).read_bytes()).exists():
+        raise ManifestMismatch(f"{run_dir / MANIFEST} is not one this harness wrote (changed since, or another "
+                               "--cache-dir); refusing to resume")
+    if manifest.run_id != run_dir.name:
+        raise ManifestMismatch(f"{run_dir}: run.json names run {manifest.run_id!r}; refusing to resume")
+    for given, recorded, what in ((problems, manifest.problems_dir, "problems"),
+                                  (candidates, manifest.candidates_dir, "candidates")):
+        if given is not None and given.resolve() != Path(recorded).resolve():
+            raise ManifestMismatch(f"{run_dir}: --{what} {given} is not the run's {recorded}; refusing to resume")
 
 
 def format_runtime(ms: float) -> str:

@@ -77,7 +77,7 @@ class CandidateRun:
     def start(self) -> bool:
         """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
         with self.stage("loading", "spawn"):
-            shutil.copyfile(self.ref.workdir / "init.pt", self.workdir / "init.pt")
+            (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
             self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | extension_env(self.build.build_dir),
                                         time_limit=self.timeout)
             self.worker.start()
@@ -85,6 +85,7 @@ class CandidateRun:
             return False
         with self.stage("loading", "load"):
             with build_lock(self.build.build_dir):  # load_inline's own lock file may be stale (see build_lock)
+                self.deadline = Deadline(self.timeout)  # a wait for the lock is not the candidate's time
                 reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
                                          self.deadline.left())
             self.findings.device_name = reply.device_name or self.findings.device_name

@@ -76,6 +76,7 @@ class ReferenceSide:
         self.event_overhead_ms: float | None = None
         self.warning: str | None = None
         self.error: str | None = None
+        self.init_bytes = b""  # the init arguments, as the reference wrote them (each candidate gets a copy)
         self.broken = False  # the checker died mid-candidate: open the problem again for the next one
         self.ipc = settings.device == "cuda"  # lend the exchange by CUDA IPC until that is refused once
         self.ipc_refused: str | None = None  # why, when it was
@@ -102,8 +103,11 @@ class ReferenceSide:
                                         deadline.left())
             self.metas, self.warning = expected.expected, expected.warning
             self.baseline = self._baseline()
-        except WorkerFailure as exc:
-            self.error = f"{self.problem.path}: reference: {exc.message}"
+            init = self.workdir / "init.pt"  # read once, then gone: nothing in this folder for a candidate to alter
+            self.init_bytes = init.read_bytes()
+            init.unlink()
+        except (WorkerFailure, OSError) as exc:
+            self.error = f"{self.problem.path}: reference: {getattr(exc, 'message', exc)}"
         return self
 
     def close(self) -> None:
