@@ -54,8 +54,10 @@ def build_dir(cache_dir: Path, candidate: Candidate, device: str) -> Path:
 
 
 def extension_env(build: Path) -> dict[str, str]:
-    """The environment that points `load_inline` at this candidate's own build directory."""
-    return {"TORCH_EXTENSIONS_DIR": str(build / "ext")}
+    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory."""
+    from kernelbench_eval.warmup import build_env
+
+    return build_env(build)
 
 
 def compile_candidate(
