@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import Compiled
-from kernelbench_eval.discover import Problem, sha256_file
+from kernelbench_eval.compile import compile_candidate
+from kernelbench_eval.discover import Problem, make_candidate, sha256_file
 from kernelbench_eval.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.judge import ReferenceSide, Secrets, judge
-from kernelbench_eval.models import CompileRecord, RunSettings, Slot, TensorMeta
+from kernelbench_eval.models import RunSettings, Slot, TensorMeta
 
 PROBLEM = '''
 import torch
@@ -96,7 +96,8 @@ def _judge(tmp_path: Path, source: str, name: str) -> tuple:
     problem = Problem("masked", problem_path, sha256_file(problem_path))
     ref = ReferenceSide(problem, settings, Secrets.draw(settings.trials), tmp_path / "ref.log", 60, 60,
                         BaselineStore(tmp_path / "baselines.json")).open()
-    build = Compiled(CompileRecord(ok=True), tmp_path / "build", cached=True)
+    build = compile_candidate(make_candidate(problem, candidate), "cpu", tmp_path / "cache", tmp_path / "c.log", 120)
+    assert build.record.ok, build.record.error
     try:
         assert ref.error is None, ref.error
         return ref, judge(ref, build, candidate, tmp_path / f"{name}.log", 60)

@@ -65,7 +65,12 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         exported[:] = run.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))),
                                       run.deadline.left()).metas
 
-    ref, cand = Lane(ref_side.worker), Lane(run.worker, follow=hand_over, layout=layout)
+    def mirror(schedule: list[Call]) -> None:
+        """The reference lane makes the same round trip, so the hand-over's cost cancels in the clock check."""
+        ref_side.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))), run.deadline.left())
+
+    ref = Lane(ref_side.worker, follow=mirror)
+    cand = Lane(run.worker, follow=hand_over, layout=layout)
     checked = 0
 
     def check(block: int, schedule: list[Call]) -> None:
