@@ -345,3 +345,56 @@ def gate_cmd(
         console.print(f"gate failed: {len(failures)} of {len(verdicts)} candidates miss the bar", markup=False)
         raise typer.Exit(1)
     console.print(f"gate passed: all {len(verdicts)} candidates meet the bar", markup=False)
+
+
+@app.command("selftest")
+def selftest_cmd(
+    problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
+    problem: Annotated[list[str] | None, typer.Option("--problem", help="only these problem ids")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="results folder (default: a temporary one)")] = None,
+    device: DeviceOpt = "auto",
+    timeout: TimeoutOpt = 300.0,
+    trials: TrialsOpt = 5,
+    atol: AtolOpt = 1e-2,
+    rtol: RtolOpt = 1e-2,
+    reps: RepsOpt = 100,
+    warmup: WarmupOpt = 10,
+    warmup_seconds: WarmupSecondsOpt = 1.0,
+    max_reps: MaxRepsOpt = 2000,
+    target_rse: RseOpt = 0.01,
+    timing_budget: BudgetOpt = 10.0,
+    cuda_graph: GraphOpt = False,
+    compile_baseline: Annotated[bool, typer.Option("--compile-baseline/--no-compile-baseline",
+                                                   help="also time torch.compile baselines")] = False,
+    max_speedup: MaxSpeedupOpt = 10.0,
+    dim: DimOpt = None,
+    threads: ThreadsOpt = None,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Judge each problem's reference against an identical copy of itself: every copy must be ok, at 1x.
+
+    Exit codes: 0 every copy is ok and no more intervals exclude 1 than chance allows; 1 otherwise;
+    2 usage error.
+    """
+    import json
+
+    from kernelbench_eval.selftest import lines, selftest
+
+    settings = _settings(device, dim, threads, trials=trials, atol=atol, rtol=rtol, reps=reps, warmup=warmup,
+                         warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
+                         timing_budget=timing_budget, cuda_graph=cuda_graph, compile_baseline=compile_baseline,
+                         max_speedup=max_speedup)
+    try:
+        summary = selftest(problems, settings, problem, out, timeout=timeout,
+                           cache_dir=cache_dir or default_cache_dir())
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    if json_out:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        for line in lines(summary):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not summary.passed:
+        raise typer.Exit(1)
