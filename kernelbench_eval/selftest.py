@@ -29,6 +29,7 @@ class Row:
 
     problem: str
     status: str
+    correct: bool
     speedup: float | None
     ci: tuple[float, float] | None
     ref_median_ms: float | None
@@ -98,7 +99,8 @@ def row_of(verdict: Verdict) -> Row:
     ref = verdict.ref_runtime_stats
     spread = ref.iqr_ms / ref.median_ms if ref and ref.median_ms > 0 else None
     excludes = bool(ci) and not (ci[0] <= 1.0 <= ci[1])
-    return Row(problem=verdict.problem, status=verdict.status, speedup=verdict.speedup_vs_eager,
+    return Row(problem=verdict.problem, status=verdict.status, correct=verdict.correct,
+               speedup=verdict.speedup_vs_eager,
                ci=tuple(ci) if ci else None, ref_median_ms=ref.median_ms if ref else None, ref_spread=spread,
                resolution=resolution(ci), excludes_one=excludes, error=verdict.error,
                problem_warning=verdict.problem_warning)
