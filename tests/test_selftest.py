@@ -182,3 +182,12 @@ def test_openmp_waits_passively_in_workers_unless_the_user_chose():
     quiet_openmp(environ)
     assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "KMP_BLOCKTIME": QUIET_OPENMP["KMP_BLOCKTIME"]}
     assert os.environ.get("OMP_WAIT_POLICY")  # set in the harness on import, so every worker inherits it
+
+
+def test_speedup_limit_uses_the_intervals_low_end_when_given():
+    from kernelbench_eval.plausibility import speedup_reason
+
+    assert speedup_reason(30.0, 10.0) is not None  # as before, without an interval
+    assert speedup_reason(30.0, 10.0, (0.8, 200.0)) is None  # a median thrown by load: not confidently over
+    assert "plausibility limit" in speedup_reason(30.0, 10.0, (25.0, 35.0))
+    assert speedup_reason(5.0, 0, (4.0, 6.0)) is None  # 0: no limit
