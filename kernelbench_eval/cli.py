@@ -388,3 +388,59 @@ def profile_cmd(
             console.print(item, markup=False, highlight=False) if isinstance(item, str) else console.print(item)
     if report.reference.error or report.candidate_profile.error:
         raise typer.Exit(1)
+
+
+@app.command("selftest")
+def selftest_cmd(
+    problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
+    problem: Annotated[list[str] | None, typer.Option("--problem", help="only these problem ids")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="results folder (default: a temporary one)")] = None,
+    device: opt.DeviceOpt = "auto",
+    timeout: opt.TimeoutOpt = 300.0,
+    trials: opt.TrialsOpt = None,
+    atol: opt.AtolOpt = None,
+    rtol: opt.RtolOpt = None,
+    reps: opt.RepsOpt = None,
+    warmup: opt.WarmupOpt = None,
+    warmup_seconds: opt.WarmupSecondsOpt = None,
+    max_reps: opt.MaxRepsOpt = None,
+    target_rse: opt.RseOpt = 0.01,
+    timing_budget: opt.BudgetOpt = None,
+    cuda_graph: opt.GraphOpt = False,
+    compile_baseline: Annotated[bool, typer.Option("--compile-baseline/--no-compile-baseline",
+                                                   help="also time torch.compile baselines")] = False,
+    max_speedup: opt.MaxSpeedupOpt = 10.0,
+    dim: opt.DimOpt = None,
+    smoke: opt.SmokeOpt = False,
+    threads: opt.ThreadsOpt = None,
+    cache_dir: opt.CacheOpt = None,
+) -> None:
+    """Judge each problem's reference against an identical copy of itself: every copy must be ok, at 1x.
+
+    Exit codes: 0 every copy is ok and no more intervals exclude 1 than chance allows; 1 otherwise;
+    2 usage error.
+    """
+    import json
+
+    from kernelbench_eval.selftest import lines, selftest
+
+    try:
+        found = find_problems(problems, [])
+        judged = [p for pid, p in found.items() if not problem or pid in problem]
+        settings = build_settings(device, dim, threads, smoke, judged, [], trials=trials,
+                                  **precision_settings("fp32", "default", atol, rtol), reps=reps, warmup=warmup,
+                                  warmup_seconds=warmup_seconds, max_reps=max_reps, target_rse=target_rse,
+                                  timing_budget=timing_budget, cuda_graph=cuda_graph,
+                                  compile_baseline=compile_baseline, max_speedup=max_speedup)
+        summary = selftest(problems, settings, problem, out, timeout=timeout,
+                           cache_dir=cache_dir or default_cache_dir())
+    except (FileNotFoundError, ValueError) as exc:
+        raise _usage_error(exc) from exc
+    if json_out:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        for line in lines(summary):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not summary.passed:
+        raise typer.Exit(1)

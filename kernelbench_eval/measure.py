@@ -22,8 +22,26 @@ from kernelbench_eval.models import RunSettings, Slot, WorkerReply, WorkerReques
 from kernelbench_eval.process import WorkerProcess
 from kernelbench_eval.stats import rse_of_median
 
+# OpenMP threads that spin while waiting at a barrier turn host load into huge, bimodal call times: when
+# another process holds a core, a 0.07 ms call waits for a whole scheduler slice (measured: tiny SDPA, 2
+# threads, 2 busy cores: median 23 ms with the default wait policy, 0.067 ms with PASSIVE), and the spinning
+# shows as CPU use (the thread-count rule) and as wall time no call accounts for (the clock rule). The
+# policy is read when the OpenMP runtime loads, so it must be in a worker's (and the fork server's)
+# environment before torch is imported there; workers inherit the harness's environment.
+QUIET_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+
+
+def quiet_openmp(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Put QUIET_OPENMP into `environ` (the harness's, which workers inherit) unless the user set them."""
+    for name, value in QUIET_OPENMP.items():
+        environ.setdefault(name, value)
+
+
+quiet_openmp()
+
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10
+CPU_BLOCK_CALLS = 1  # on the CPU, lanes alternate call by call: host load changes within a 10-call block
 KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
 SCALE_RANGE = (0.75, 1.25)
 
@@ -65,6 +83,11 @@ class Lane:
             self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
         self.graph_error = self.graph_error or reply.graph_error
 
+    def paired_gaps(self, other: Lane) -> list[float]:
+        """Per block, this lane's unexplained wall time per call minus `other`'s in the same block: the two
+        ran back to back, so host load that hit the block hit both, and cancels."""
+        return [mine - theirs for mine, theirs in zip(self.block_gaps, other.block_gaps, strict=False)]
+
     def device_tail(self) -> float:
         return statistics.median(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True))
 
@@ -95,6 +118,8 @@ def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, dea
             ) -> Measurement:
     """Time every lane, block by block in alternating order, until the stopping rule is met."""
     rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
+    if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
+        calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
     for lane in lanes:
         _request(lane, WorkerRequest(op="time", input_sets=input_sets, model=lane.model,
                                      warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,

@@ -1,7 +1,9 @@
 """Why a measured time is not believed: the rules that turn a correct candidate into `suspicious`.
 
 Every rule compares what the candidate's process reported with something it cannot reach: the
-harness's own wall clock, the reference measured the same way in the same minutes, or physics.
+harness's own wall clock, the reference measured the same way in the same minutes, or physics. On a busy
+host the rules must not fire on the reference's own code (`kbeval selftest`): what the reference shows in
+the same blocks (its CPU use, its unexplained wall time) is the noise a candidate is measured against.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) b
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
 CLOCK_FLOOR_MS = 0.02  # but a timer that missed more than this and several times what it reported
 CLOCK_FACTOR = 3.0  # is caught even on short kernels
+CORES_SLACK = 0.5  # cores a candidate may keep busy beyond what the reference did in the same minutes
+GAP_Z = 3.0  # the paired gap must be this many standard errors above 0 to be more than host noise
 TAIL_SLACK_MS = 0.02
 TAIL_SLACK_SHARE = 0.1
 
@@ -29,13 +33,13 @@ class Judgement:
 def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: int | None = None) -> Judgement:
     """The candidate's runtime and the reasons, if any, to distrust it."""
     result = Judgement(runtime_ms=cand.median())
-    cores = cand.cores_used()
-    if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5):
-        result.reasons.append(f"it kept {cores:.2g} cores busy while timed, but the run fixes {threads} thread(s) "
-                              "(--threads); the reference was held to that")
+    cores, ref_cores = cand.cores_used(), ref.cores_used()
+    if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
+        result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
+                              f"the run fixes {threads} thread(s) (--threads); the reference was held to that")
     explained = statistics.fmean(cand.device_ms)
     excess = cand.unexplained() - ref.unexplained()
-    if excess > clock_slack(explained):
+    if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):
         result.reasons.append(
             f"clock mismatch: the harness's wall clock saw {excess:.3g} ms per call more than the timer in the "
             f"candidate's process reported ({explained:.3g} ms); its clock or events were tampered with or work "
@@ -66,7 +70,26 @@ def clock_slack(reported_ms: float) -> float:
     return min(loose, strict)
 
 
-def speedup_reason(speedup: float | None, max_speedup: float) -> str | None:
-    if speedup is not None and max_speedup and speedup > max_speedup:
+def significant(paired: list[float]) -> bool:
+    """Whether the candidate's unexplained wall time exceeds the reference's by more than host noise.
+
+    Each value is one block's gap difference (candidate minus reference, run back to back). A tampered
+    timer hides time in every block, so the differences sit far from 0 with a small spread; load on a busy
+    host lands on either lane at random, so their median is within a few standard errors of 0. Few blocks
+    cannot show either: then the threshold alone decides, as before.
+    """
+    if len(paired) < 5:
+        return True
+    center = statistics.median(paired)
+    mad = statistics.median(abs(x - center) for x in paired)
+    stderr = 1.2533 * 1.4826 * mad / len(paired) ** 0.5
+    return center > GAP_Z * stderr
+
+
+def speedup_reason(speedup: float | None, max_speedup: float, ci: tuple[float, float] | None = None) -> str | None:
+    """A speedup over the limit; with its interval, only when even the interval's low end is over it (a
+    median thrown far by a burst of load has a wide interval, a real 50x does not)."""
+    claimed = ci[0] if ci else speedup
+    if speedup is not None and claimed is not None and max_speedup and claimed > max_speedup:
         return f"speedup {speedup:.3g}x is above the {max_speedup:g}x plausibility limit (--max-speedup)"
     return None

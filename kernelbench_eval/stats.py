@@ -43,15 +43,58 @@ def bootstrap_ci(groups: Sequence[Sequence[float]], combine: Callable[[list[torc
     return low, high
 
 
-def speedup_ci(reference: Sequence[float], candidate: Sequence[float]) -> tuple[float, float]:
-    """95 % interval of median(reference) / median(candidate)."""
-    return bootstrap_ci([reference, candidate], lambda m: m[0] / m[1])
+PAIR_RUN = 10  # consecutive pairs resampled together: host load lasts longer than one call
+
+
+def paired_medians(reference: Sequence[float], candidate: Sequence[float], resamples: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bootstrap medians of two lanes timed side by side, resampling *pairs* in runs of PAIR_RUN.
+
+    Call i of each lane ran on the same inputs, moments apart, so a burst of host load slows both: resampling
+    the lanes independently treats that shared slowness as signal, and consecutive calls share a burst, so
+    resampling single calls treats one burst as many independent facts. Both made intervals far too narrow
+    on a busy host (identical code at 0.67x with [0.66, 0.69]); a moving-block bootstrap of pairs does not.
+    """
+    ref = torch.tensor(list(reference), dtype=torch.float64)
+    cand = torch.tensor(list(candidate), dtype=torch.float64)
+    n = min(len(ref), len(cand))
+    ref, cand = ref[:n], cand[:n]
+    run = max(1, min(PAIR_RUN, n // 4 or 1))
+    runs = -(-n // run)
+    starts = torch.randint(n, (resamples, runs, 1), generator=generator)
+    idx = ((starts + torch.arange(run)) % n).reshape(resamples, -1)[:, :n]  # circular, so every call counts alike
+    return ref[idx].median(dim=1).values, cand[idx].median(dim=1).values
+
+
+def _interval(values: torch.Tensor, confidence: float) -> tuple[float, float]:
+    alpha = (1 - confidence) / 2
+    low, high = torch.quantile(values, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
+    return low, high
+
+
+def speedup_ci(reference: Sequence[float], candidate: Sequence[float], confidence: float = 0.95,
+               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of median(reference) / median(candidate), the lanes' samples paired call by call."""
+    if len(reference) != len(candidate):  # not timed side by side: nothing to pair
+        return bootstrap_ci([reference, candidate], lambda m: m[0] / m[1], confidence, resamples, seed)
+    generator = torch.Generator().manual_seed(seed)
+    ref, cand = paired_medians(reference, candidate, resamples, generator)
+    return _interval(ref / cand, confidence)
 
 
 def chained_speedup_ci(base_other: Sequence[float], base_eager: Sequence[float], eager: Sequence[float],
                        candidate: Sequence[float]) -> tuple[float, float]:
     """95 % interval of (other / eager) from the baseline times (eager / candidate) measured side by side."""
-    return bootstrap_ci([base_other, base_eager, eager, candidate], lambda m: m[0] / m[1] * m[2] / m[3])
+    if len(eager) != len(candidate):
+        return bootstrap_ci([base_other, base_eager, eager, candidate], lambda m: m[0] / m[1] * m[2] / m[3])
+    generator = torch.Generator().manual_seed(0)
+    base = []
+    for group in (base_other, base_eager):
+        data = torch.tensor(list(group), dtype=torch.float64)
+        idx = torch.randint(len(data), (BOOTSTRAP_RESAMPLES, len(data)), generator=generator)
+        base.append(data[idx].median(dim=1).values)
+    ref, cand = paired_medians(eager, candidate, BOOTSTRAP_RESAMPLES, generator)
+    return _interval(base[0] / base[1] * ref / cand, 0.95)
 
 
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
+from timed import assert_timed_sanely, settled, settled_all
 
 EXPECTED = {
     "cpp_honest": "ok",
@@ -39,7 +40,10 @@ EXPECTED = {
 def test_every_candidate_gets_its_status(fixture_run):
     run_dir, _ = fixture_run
     verdicts = read_verdicts(run_dir)
-    assert {name: v["status"] for name, v in verdicts.items()} == EXPECTED
+    assert settled_all({name: v["status"] for name, v in verdicts.items()}) == settled_all(EXPECTED)
+    for name, status in EXPECTED.items():
+        if status == "ok":
+            assert_timed_sanely(verdicts[name], name)
 
 
 def test_errors_say_what_went_wrong(fixture_run):
@@ -77,13 +81,15 @@ def test_correct_candidates_are_timed_and_others_are_not(fixture_run):
             assert v["compile_runtime_ms"] > 0 and v["speedup_vs_compile"] > 0
             assert timing["checked_calls"] >= 2 and timing["blocks"] >= 10
             assert v["max_abs_diff"] < 1e-5
+        elif v["status"] == "suspicious":  # host load may decide this; correctness it may not
+            assert v["correct"] and v["trials_passed"] == v["trials"] == 3 and v["runtime_ms"] > 0, name
         else:
             assert not v["correct"] and v["runtime_ms"] == -1.0 and v["speedup"] is None, name
 
 
 def test_inputs_mutated_in_place_are_recorded_not_rewarded(fixture_run):
     verdicts = read_verdicts(fixture_run[0])
-    assert verdicts["py_mutates_input"]["mutates_inputs"] and verdicts["py_mutates_input"]["status"] == "ok"
+    assert verdicts["py_mutates_input"]["mutates_inputs"] and verdicts["py_mutates_input"]["correct"]
     assert not any(v["mutates_inputs"] for n, v in verdicts.items() if n != "py_mutates_input")
 
 
@@ -122,7 +128,8 @@ def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
     assert len(libs) == 5  # honest, wrong, runtime error, hang, segfault
     kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(tmp_path), "--run-id", "warm", cache=build_cache)
     warm = read_verdicts(tmp_path / "warm")
-    assert {n: v["status"] for n, v in warm.items()} == {n: v["status"] for n, v in cold.items()}
+    assert settled_all({n: v["status"] for n, v in warm.items()}) == settled_all(
+        {n: v["status"] for n, v in cold.items()})
     for name, v in warm.items():
         if cold[name]["compile_seconds"] is not None:
             assert v["compile_cached"], name
@@ -195,7 +202,7 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(fixture_run, bu
     names = [json.loads(line)["candidate"] for line in after]
     assert len(names) == len(set(names)) == len(EXPECTED)
     resumed = {json.loads(line)["candidate"]: json.loads(line)["status"] for line in after}
-    assert resumed == {n: v["status"] for n, v in read_verdicts(fixture_run[0]).items()}
+    assert settled_all(resumed) == settled_all({n: v["status"] for n, v in read_verdicts(fixture_run[0]).items()})
 
 
 def _workers_of(cache: Path) -> list[str]:
@@ -246,6 +253,7 @@ def test_identical_sources_share_a_build_but_are_each_judged(build_cache, tmp_pa
            "--out", str(tmp_path / "out"), "--run-id", "dedupe", cache=build_cache)
     verdicts = read_verdicts(tmp_path / "out" / "dedupe")
     original, copy = verdicts["a_original"], verdicts["b_copy"]
+    assert_timed_sanely(original, "a_original")
     assert original["correct"] and copy["correct"]
     assert original["duplicate_of"] is None and copy["duplicate_of"] is None
     assert copy["compile_cached"]  # one build for both
@@ -268,4 +276,4 @@ def test_a_stale_extension_lock_does_not_hang_the_next_run(build_cache, tmp_path
     for ext in ext_dirs:
         (ext / "lock").write_text("")  # as left by a worker SIGKILLed while it held torch's FileBaton
     kbeval(*args, "--run-id", "second", cache=build_cache)
-    assert read_verdicts(tmp_path / "out" / "second")["cpp_honest"]["status"] == "ok"
+    assert settled(read_verdicts(tmp_path / "out" / "second")["cpp_honest"]["status"]) == "correct"

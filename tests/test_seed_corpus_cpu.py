@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import ROOT, kbeval, read_verdicts
+from timed import assert_timed_sanely, settled
 
 CPU_DIMS = ("--dim", "batch_size=2", "--dim", "height=32", "--dim", "width=32", "--dim", "input_size=256",
             "--dim", "hidden_size=512", "--dim", "num_groups=32")
@@ -24,7 +25,9 @@ def test_seed_corpus_on_cpu(tmp_path, build_cache):
     verdicts = read_verdicts(tmp_path / "seeds")
     assert len(verdicts) == len(list((ROOT / "candidates").glob("*/*.py")))
     for name, status in EXPECTED_CPU.items():
-        assert verdicts[name]["status"] == status, (name, verdicts[name]["error"])
+        assert settled(verdicts[name]["status"]) == settled(status), (name, verdicts[name]["error"])
+        if status == "ok":
+            assert_timed_sanely(verdicts[name], name)
     cuda_only = {n: v for n, v in verdicts.items() if n not in EXPECTED_CPU}
     assert cuda_only and all(v["status"] == "skipped" and "needs cuda" in v["error"] for v in cuda_only.values())
     assert (tmp_path / "seeds" / "report.html").exists() and (tmp_path / "seeds" / "junit.xml").exists()

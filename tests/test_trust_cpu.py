@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, kbeval, read_verdicts
+from timed import assert_timed_sanely, settled
 
 ATTACK_PROBLEMS = FIXTURES / "attack_problems"
 ATTACKS = FIXTURES / "attacks"
@@ -153,9 +154,12 @@ def test_run_completes(attack_run):
 
 def test_every_attack_gets_its_status(attack_run):
     verdicts = by_pair(attack_run.run_dir)
-    got = {pair: v["status"] for pair, v in verdicts.items()}
-    errors = {f"{p}/{c}": v["error"] for (p, c), v in verdicts.items() if got[(p, c)] != EXPECTED.get((p, c))}
-    assert got == EXPECTED, errors
+    # an honest "ok" may turn suspicious on a loaded host (timing decides that, not the attack); every other
+    # expectation, "suspicious" for the attacks on the clock included, is exact
+    got = {pair: settled(v["status"]) if EXPECTED.get(pair) == "ok" else v["status"] for pair, v in verdicts.items()}
+    want = {pair: settled(status) if status == "ok" else status for pair, status in EXPECTED.items()}
+    errors = {f"{p}/{c}": v["error"] for (p, c), v in verdicts.items() if got[(p, c)] != want.get((p, c))}
+    assert got == want, errors
 
 
 def test_one_verdict_line_per_candidate(attack_run):
@@ -210,13 +214,12 @@ def test_slowed_clock_is_caught(attack_run):
     assert v["timing"]["attempts"] == 2  # measured again before it was called suspicious, and caught again
 
 
-def test_honest_candidates_are_ok_and_not_suspicious(attack_run):
+def test_honest_candidates_are_correct_and_timed(attack_run):
     verdicts = read_verdicts(attack_run.run_dir)
     for name in ("honest", "child_left_behind"):
         v = verdicts[name]
-        assert v["status"] == "ok" and v["correct"] and v["error"] is None, (name, v["status"], v["error"])
+        assert_timed_sanely(v, name)
         assert v["trials_passed"] == v["trials"] == 3
-        assert v["runtime_ms"] > 0 and v["ref_runtime_ms"] > 0 and v["speedup"] > 0
         assert v["max_abs_diff"] < 1e-4
 
 
@@ -299,5 +302,6 @@ def test_a_cache_of_linear_shortcuts_gains_nothing(attack_run):
     """scale_cache answers inputs proportional to ones it saw without a matmul; no timed input ever is."""
     verdicts = read_verdicts(attack_run.run_dir)
     cheat, honest = verdicts["scale_cache"], verdicts["honest"]
-    assert cheat["status"] == "ok" and honest["status"] == "ok"
+    assert_timed_sanely(cheat, "scale_cache")
+    assert_timed_sanely(honest, "honest")
     assert cheat["runtime_ms"] >= 0.8 * honest["runtime_ms"], (cheat["runtime_ms"], honest["runtime_ms"])

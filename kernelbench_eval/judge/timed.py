@@ -103,14 +103,15 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
 def _record(run: CandidateRun, timed: _Timed, verdict: Judgement, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
     speedup = ref.median() / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
-    reason = speedup_reason(speedup, settings.max_speedup)
+    interval = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
+    reason = speedup_reason(speedup, settings.max_speedup, interval)
     reasons = verdict.reasons + ([reason] if reason else [])
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
-        speedup_ci=speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None,
+        speedup_ci=interval,
         blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=rse_of_median(cand.event_ms),
         ref_rse=rse_of_median(ref.event_ms), wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
