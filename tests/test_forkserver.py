@@ -18,10 +18,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import FIXTURES, ROOT
 
 from kernelbench_eval import forkserver
+from kernelbench_eval.exchange import output_layout
 from kernelbench_eval.forkserver import ForkedChild
 from kernelbench_eval.models import WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
@@ -89,25 +89,30 @@ def read_pids(path: Path) -> list[int]:
 
 
 def test_import_load_run_round_trip(tmp_path: Path) -> None:
-    """The reference writes inputs, the candidate loads and runs on them: the output is the reference's."""
-    with forked(tmp_path) as ref:
+    """A forked checker makes the inputs and expected outputs; a forked candidate takes a trial's inputs from
+    the exchange it lends, runs, puts its outputs back; the checker finds them equal to its own."""
+    def load(worker: WorkerProcess, path: Path, name: str) -> None:
+        loaded = worker.request(WorkerRequest(op="load", path=str(path), class_name=name, device="cpu", threads=1,
+                                              init_file=str(tmp_path / "init.pt"), init_seed=3), TIMEOUT)
+        assert loaded.ok, loaded.error
+
+    with forked(tmp_path) as ref, forked(tmp_path) as cand:
         assert ref.request(WorkerRequest(op="prepare", path=str(PROBLEM), trial_seeds=[7], inputs_dir=str(tmp_path)),
                            TIMEOUT).ok
+        load(ref, PROBLEM, "Model")
+        expected = ref.call(WorkerRequest(op="expect", trial_seeds=[7], atol=1e-2, rtol=1e-2), TIMEOUT).expected
+        assert expected[0][0].shape == [8, 16]
+        exchange = ref.call(WorkerRequest(op="open_exchange", size=1 << 16, shm_dir=str(tmp_path)), TIMEOUT).exchange
+        assert cand.call(import_request(HONEST, "ModelNew"), TIMEOUT).ok
+        load(cand, HONEST, "ModelNew")
+        cand.call(WorkerRequest(op="attach", exchange=exchange), TIMEOUT)
+        slots = ref.call(WorkerRequest(op="put", name="trial0"), TIMEOUT).slots
+        cand.call(WorkerRequest(op="take", name="trial0", slots=slots), TIMEOUT)
+        out_slots = output_layout(expected[0])[0]
+        ran = cand.call(WorkerRequest(op="run", name="trial0", slots=out_slots), TIMEOUT)
+        check = ref.call(WorkerRequest(op="compare", trial=0, slots=out_slots, outputs=ran.outputs), TIMEOUT).check
+        assert check is not None and check.passed and check.max_abs_diff == 0.0, check
     assert ref.proc is not None and ref.proc.returncode == 0  # asked to exit, it exited cleanly
-    outputs = {}
-    for name, path in (("Model", PROBLEM), ("ModelNew", HONEST)):
-        with forked(tmp_path) as worker:
-            assert worker.request(import_request(path, name), TIMEOUT).ok
-            loaded = worker.request(WorkerRequest(op="load", path=str(path), class_name=name,
-                                                  init_file=str(tmp_path / "init.pt"), init_seed=3,
-                                                  device="cpu", threads=1), TIMEOUT)
-            assert loaded.ok, loaded.error
-            out = tmp_path / f"{name}.pt"
-            ran = worker.request(WorkerRequest(op="run", inputs_file=str(tmp_path / "inputs_0.pt"),
-                                               output_file=str(out)), TIMEOUT)
-            assert ran.ok and ran.outputs[0].shape == [8, 16], ran.error
-            outputs[name] = torch.load(out, weights_only=True)[0]
-    torch.testing.assert_close(outputs["ModelNew"], outputs["Model"])
 
 
 @pytest.mark.parametrize(("body", "message"), [
