@@ -85,6 +85,7 @@ def run_cmd(
     rtol: opt.RtolOpt = None,
     precision: opt.PrecisionOpt = "fp32",
     tolerance: opt.ToleranceOpt = "default",
+    account_launches: opt.LaunchesOpt = False,
     reps: opt.RepsOpt = None,
     warmup: opt.WarmupOpt = None,
     warmup_seconds: opt.WarmupSecondsOpt = None,
@@ -112,7 +113,8 @@ def run_cmd(
     def make_settings(judged: list[Problem], warnings: list[str]) -> RunSettings:
         return build_settings(device, dim, threads, smoke, judged, warnings,
                               **precision_settings(precision, tolerance, atol, rtol), target_rse=target_rse,
-                              cuda_graph=cuda_graph, max_speedup=max_speedup, **timing)
+                              cuda_graph=cuda_graph, max_speedup=max_speedup, account_launches=account_launches,
+                              **timing)
 
     try:
         found, settings, plan = plan_run(resume, problems, candidates, problem, make_settings, _warn)
@@ -174,6 +176,7 @@ def eval_cmd(
     rtol: opt.RtolOpt = None,
     precision: opt.PrecisionOpt = "fp32",
     tolerance: opt.ToleranceOpt = "default",
+    account_launches: opt.LaunchesOpt = False,
     reps: opt.RepsOpt = None,
     warmup: opt.WarmupOpt = None,
     warmup_seconds: opt.WarmupSecondsOpt = None,
@@ -198,7 +201,8 @@ def eval_cmd(
                                   **precision_settings(precision, tolerance, atol, rtol), reps=reps, warmup=warmup,
                                   warmup_seconds=warmup_seconds,
                                   max_reps=max_reps, target_rse=target_rse, timing_budget=timing_budget,
-                                  cuda_graph=cuda_graph, compile_baseline=compile_baseline, max_speedup=max_speedup)
+                                  cuda_graph=cuda_graph, compile_baseline=compile_baseline, max_speedup=max_speedup,
+                                  account_launches=account_launches)
     except ValueError as exc:
         raise _usage_error(exc) from exc
     for warning in warnings:

@@ -161,18 +161,23 @@ def _cpu_units(events: list[Any], functions: set[tuple[str, str | None]]) -> lis
 
 
 def _cuda_units(events: list[Any], functions: set[tuple[str, str | None]]) -> list[Unit]:
-    """Every device kernel, custom when a custom call is above its launch, else library."""
+    """Every device kernel: custom when it was launched under a custom call (the profiler links each CPU
+    event to the kernels it launched), library when under anything else, by name when unlinked."""
     from torch.autograd import DeviceType
 
-    launches = {e.id: e for e in events if e.device_type == DeviceType.CPU and "Launch" in e.name}
+    launched_by: dict[str, bool] = {}  # kernel name -> launched under a custom call (any launch of it)
+    for event in events:
+        if event.device_type != DeviceType.CPU or not getattr(event, "kernels", None):
+            continue
+        custom = any(is_custom_event(a.name, functions) for a in [event, *_ancestors(event)])
+        for kernel in event.kernels:
+            launched_by[kernel.name] = launched_by.get(kernel.name, False) or custom
     units: list[Unit] = []
     for event in events:
-        if event.device_type != DeviceType.CUDA:
+        if event.device_type != DeviceType.CUDA or event.name == FORWARD:  # the mark's own GPU annotation
             continue
-        launch = launches.get(event.id)
-        if launch is not None:
-            custom = any(is_custom_event(a.name, functions) for a in [launch, *_ancestors(launch)])
-        else:
+        custom = launched_by.get(event.name)
+        if custom is None:
             custom = not _LIBRARY_KERNEL.search(event.name)
         units.append(("custom" if custom else "library", event.name, event.time_range.elapsed_us()))
     return units

@@ -81,6 +81,7 @@ class RunSettings(BaseModel):
     threads: int | None = None
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of inputs and models (`precision.py`)
     smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
+    account_launches: bool = False  # profile one more forward of each correct candidate (`kernels`); costs seconds
 
     def key(self) -> str:
         return _digest(self._payload(exclude={"smoke"}))  # the fields it set are in the key
@@ -95,6 +96,8 @@ class RunSettings(BaseModel):
         payload = self.model_dump(mode="json", exclude=exclude)
         if payload.get("precision") == "fp32":
             del payload["precision"]
+        if not payload.get("account_launches", True):  # off: the keys of runs made before it existed
+            del payload["account_launches"]
         return payload
 
 

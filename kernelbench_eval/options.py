@@ -62,3 +62,6 @@ RayJudgeOpt = Annotated[str | None, typer.Option(
     "--ray-judge-resource", help="Ray: evaluation lanes only on nodes declaring this custom resource")]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
+LaunchesOpt = Annotated[bool, typer.Option(
+    "--account-launches", help="profile one more forward of each correct candidate: its own kernels against "
+                               "library ones (verdict field `kernels`; a few seconds each on a GPU)")]

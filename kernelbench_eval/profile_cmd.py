@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from rich.table import Table
 
-from kernelbench_eval.compile import build_dir, build_lock
-from kernelbench_eval.discover import Problem, make_candidate, sha256_file
+from kernelbench_eval.compile import build_lock, compile_candidate
+from kernelbench_eval.discover import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.models import Device, KernelCount, KernelRow, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.warmup import build_env
@@ -63,14 +63,25 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
     elif ref.error:
         got = ModelProfile(role="candidate", error="not profiled: the reference could not be")
     else:
-        build = build_dir(cache_dir, cand, device)
-        with build_lock(build):
-            got = _profile_one("candidate", candidate_path, "ModelNew", work, inputs, build_env(build), timeout,
-                               warmup, common)
+        got = _profile_candidate(cand, device, cache_dir, work, inputs, timeout, warmup, common)
     if not ref.error and not got.error:
         shutil.rmtree(work, ignore_errors=True)  # logs are kept only when something failed
     return ProfileReport(problem=prob.problem_id, candidate=cand.candidate_id, device=device, precision=precision,
                          reference=ref, candidate_profile=got)
+
+
+def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: Path, inputs: Path, timeout: float,
+                       warmup: int, common: dict) -> ModelProfile:
+    """Built (or found built) as a run builds it, then profiled from its verified build."""
+    compiled = compile_candidate(cand, device, cache_dir, work / "candidate.compile.log", timeout)
+    if not compiled.record.ok:
+        return ModelProfile(role="candidate", error=f"{compiled.record.status}: {compiled.record.error}")
+    try:
+        with build_lock(compiled.build_dir):
+            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, build_env(compiled.build_dir),
+                                timeout, warmup, common)
+    except OSError as exc:  # a build altered since it was recorded, a lock that never came
+        return ModelProfile(role="candidate", error=str(exc))
 
 
 def _profile_one(role: str, path: Path, class_name: str, work: Path, inputs: Path, env: dict[str, str],

@@ -36,11 +36,11 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
 from kernelbench_eval import artifacts
 from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import RECORD_NAME, Compiled, build_lock, compile_candidate
+from kernelbench_eval.compile import RECORD_NAME, Compiled, adopt, build_lock, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
 from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneHandle, LaneResult, LaneSpec
 from kernelbench_eval.linux import keep_memory_private
-from kernelbench_eval.models import Baseline
+from kernelbench_eval.models import Baseline, CompileRecord
 from kernelbench_eval.process import PACKAGE_ROOT
 
 MARK = 0.001  # of a placement resource, per task or lane: it picks the nodes, it never limits how many
@@ -118,7 +118,7 @@ class _LaneActor:
 
     def evaluate(self, job: dict) -> dict:
         problem = self._problem(job["problem"], job["problem_source"])
-        build = self._build(job["build"], job["packed"])
+        build = self._build(job["build"], job["packed"], job["record"])
         folder = self.tmp / "work" / problem.problem_id
         path, log, ref_log = folder / job["file"], folder / "candidate.eval.log", folder / "_reference.eval.log"
         _write(path, job["source"])
@@ -139,14 +139,16 @@ class _LaneActor:
             self.problems[key] = dataclasses.replace(problem, path=self.tmp / "problems" / key)
         return self.problems[key]
 
-    def _build(self, remote: str, packed: list[ray.ObjectRef]) -> Path:
-        """The build in this node's cache; fetched (once per node, under the build's lock) only if absent."""
+    def _build(self, remote: str, packed: list[ray.ObjectRef], record: CompileRecord) -> Path:
+        """The build in this node's cache; fetched (once per node, under the build's lock) only if absent, and
+        signed with this node's key (the driver vouches for the bytes it built: `artifacts` checks them)."""
         build = self.cache / "builds" / Path(remote).name  # the name is the content key
         if (build / RECORD_NAME).exists():
             return build
-        with build_lock(build):
+        with build_lock(build, verify=False):
             if not (build / RECORD_NAME).exists():  # another lane of this node may have fetched it meanwhile
                 artifacts.unpack(ray.get(packed[0]), build)
+                adopt(build, record)
         return build
 
     def close(self) -> None:

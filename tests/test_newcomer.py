@@ -27,6 +27,7 @@ from kernelbench_eval.models import RunManifest, RunSettings, Verdict
 from kernelbench_eval.pipeline import manifest_dirs
 from kernelbench_eval.plan import Plan
 from kernelbench_eval.progress import RunProgress
+from kernelbench_eval.record import seal_manifest
 
 FAST = ("--device", "cpu", "--no-compile-baseline", "--trials", "1", "--reps", "10", "--timing-budget", "1")
 
@@ -117,6 +118,10 @@ def test_resume_of_an_old_manifest_with_relative_paths(smoke_run, build_cache, t
     shutil.copytree(smoke_run, run_dir)
     manifest = json.loads((run_dir / "run.json").read_text()) | {"problems_dir": "p", "candidates_dir": "c"}
     (run_dir / "run.json").write_text(json.dumps(manifest, indent=2))
+    refused = kbeval_at(tmp_path, "run", "--resume", str(run_dir), cache=build_cache)
+    assert refused.returncode == 2 and no_traceback(refused)  # a run.json this harness did not write (issue 20)
+    assert "refusing to resume" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    seal_manifest(build_cache, run_dir)  # as if this installation had written the old manifest
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = kbeval_at(elsewhere, "run", "--resume", str(run_dir), cache=build_cache)

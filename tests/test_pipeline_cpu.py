@@ -154,7 +154,8 @@ def test_resume_judges_only_what_is_missing(fixture_run, build_cache, tmp_path):
     assert len(names) == len(set(names)) == len(EXPECTED)  # every verdict exactly once
     assert final_lines[: len(kept)] == kept  # what was recorded is kept, untouched
     before = read_verdicts(fixture_run[0])
-    assert {v["candidate"]: v["status"] for v in final} == {n: v["status"] for n, v in before.items()}
+    assert settled_all({v["candidate"]: v["status"] for v in final}) == settled_all(
+        {n: v["status"] for n, v in before.items()})  # timing may turn an honest ok into suspicious, nothing else
 
 
 def test_eval_prints_the_two_lines(build_cache, tmp_path):

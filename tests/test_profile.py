@@ -126,3 +126,18 @@ def test_triton_fixtures_judged_on_cuda(tmp_path: Path, build_cache: Path) -> No
     assert verdicts["triton_honest"]["correct"] and verdicts["triton_torch_only"]["correct"]
     assert verdicts["triton_wrong_mask"]["status"] == "incorrect"  # 1024 outputs, one 256-wide program
 
+
+
+def test_account_launches_fills_the_verdict(tmp_path: Path, build_cache: Path) -> None:
+    """`--account-launches`: a correct pure-PyTorch candidate's verdict counts 0 custom kernels and says so;
+    without the option no verdict is profiled (it costs seconds per candidate on a GPU)."""
+    common = ("--device", "cpu", "--trials", "1", "--no-compile-baseline", "--timing-budget", "0.2", "--reps", "10",
+              "--warmup", "1")
+    for flag, run_id in ((("--account-launches",), "with"), ((), "without")):
+        kbeval("run", "--problems", str(FIXTURES / "problems"), "--candidates", str(FIXTURES / "candidates"),
+               "--problem", "tiny_linear_relu", *common, *flag, "--out", str(tmp_path), "--run-id", run_id,
+               cache=build_cache)
+    with_, without = read_verdicts(tmp_path / "with")["py_honest"], read_verdicts(tmp_path / "without")["py_honest"]
+    assert with_["correct"] and with_["kernels"]["custom"] == 0 and with_["kernels"]["library"] >= 1
+    assert with_["kernels_warning"] == NO_CUSTOM_WARNING
+    assert without["correct"] and without["kernels"] is None

@@ -25,7 +25,7 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
     with CandidateRun(ref, build, path, log, timeout) as run:
         if run.start() and run.check_trials():
             time_candidate(run)
-            if run.findings.correct:
+            if run.findings.correct and ref.settings.account_launches:
                 count_launches(run)
         run.findings.problem_warning = ref.warning
         if ref.baseline and ref.baseline.compiled:
