@@ -114,7 +114,7 @@ def test_resume_of_an_old_manifest_with_relative_paths(smoke_run, build_cache, t
     layout = tmp_path / "project"
     shutil.copytree(smoke_run.parent.parent / "p", layout / "p")
     shutil.copytree(smoke_run.parent.parent / "c", layout / "c")
-    run_dir = layout / "results" / "old"
+    run_dir = layout / "results" / smoke_run.name  # a run id must name its folder (issue 20)
     shutil.copytree(smoke_run, run_dir)
     manifest = json.loads((run_dir / "run.json").read_text()) | {"problems_dir": "p", "candidates_dir": "c"}
     (run_dir / "run.json").write_text(json.dumps(manifest, indent=2))

@@ -203,7 +203,7 @@ def test_builds_travel_to_the_judge_node_and_a_lost_node_costs_only_its_work(clu
     built = {p.parent.name for p in (builder_cache / "builds").glob("*/compile.json")}
     fetched = {p.parent.name for p in (judge_cache / "builds").glob("*/compile.json")}
     assert len(built) == 2 and fetched == built  # each build made once, then carried to the judge's cache
-    assert not driver_cache.exists()
+    assert not (driver_cache / "builds").exists()  # the driver keeps its keys and run seals, never a build
     log = tmp_path / "out" / "placed" / "logs" / "tiny_linear_relu" / "py_honest.eval.log"
     assert log.exists()  # logs came back as bytes into the driver's run folder
 
