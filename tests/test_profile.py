@@ -131,13 +131,16 @@ def test_triton_fixtures_judged_on_cuda(tmp_path: Path, build_cache: Path) -> No
 def test_account_launches_fills_the_verdict(tmp_path: Path, build_cache: Path) -> None:
     """`--account-launches`: a correct pure-PyTorch candidate's verdict counts 0 custom kernels and says so;
     without the option no verdict is profiled (it costs seconds per candidate on a GPU)."""
+    candidates = tmp_path / "candidates" / "tiny_linear_relu"
+    candidates.mkdir(parents=True)
+    (candidates / "py_honest.py").write_bytes((CANDIDATES / "py_honest.py").read_bytes())
     common = ("--device", "cpu", "--trials", "1", "--no-compile-baseline", "--timing-budget", "0.2", "--reps", "10",
-              "--warmup", "1")
+              "--warmup", "1", "--timeout", "60")
     for flag, run_id in ((("--account-launches",), "with"), ((), "without")):
-        kbeval("run", "--problems", str(FIXTURES / "problems"), "--candidates", str(FIXTURES / "candidates"),
-               "--problem", "tiny_linear_relu", *common, *flag, "--out", str(tmp_path), "--run-id", run_id,
-               cache=build_cache)
-    with_, without = read_verdicts(tmp_path / "with")["py_honest"], read_verdicts(tmp_path / "without")["py_honest"]
+        kbeval("run", "--problems", str(FIXTURES / "problems"), "--candidates", str(tmp_path / "candidates"),
+               *common, *flag, "--out", str(tmp_path / "out"), "--run-id", run_id, cache=build_cache)
+    out = tmp_path / "out"
+    with_, without = read_verdicts(out / "with")["py_honest"], read_verdicts(out / "without")["py_honest"]
     assert with_["correct"] and with_["kernels"]["custom"] == 0 and with_["kernels"]["library"] >= 1
     assert with_["kernels_warning"] == NO_CUSTOM_WARNING
     assert without["correct"] and without["kernels"] is None
