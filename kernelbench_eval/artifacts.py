@@ -10,9 +10,9 @@ Why a manifest: bytes that crossed a network and a cache must never become a loa
 they are exactly what was packed. Every file's SHA-256 is checked before the build becomes visible, and
 it becomes visible all at once (unpacked beside its destination, then renamed into place).
 
-What does not travel: the absolute path. torch's `build.ninja` names sources by absolute path, so a
-build unpacked under another path than where it was built is rebuilt once by ninja on first load (it
-still works, but needs a compiler there). Give every node the same KBEVAL_CACHE_DIR path to avoid that.
+What does not travel: the absolute path. torch's `build.ninja` (and Triton's cache) name files by absolute
+path, so the manifest records where the build was made (`unpack` returns it) and `relocate` rewrites a
+build unpacked under another path, so that it loads there without being rebuilt.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def manifest_of(data: bytes) -> dict:
         raise ArtifactError(f"not a packed build: {exc}") from exc
 
 
-def unpack(data: bytes, dest: Path) -> None:
-    """Verify and place a packed build at `dest`, replacing what is there. Hold `dest`'s lock while calling.
+def unpack(data: bytes, dest: Path) -> Path:
+    """Verify and place a packed build at `dest`, replacing what is there; return where it was made (for
+    `relocate`). Hold `dest`'s lock while calling.
 
     Raises ArtifactError, leaving `dest` untouched, when a file is missing, extra, or differs.
     """
@@ -89,6 +90,7 @@ def unpack(data: bytes, dest: Path) -> None:
         if dest.exists():  # a torn or failed build of this node: the caller's lock says nobody uses it
             shutil.rmtree(dest)
         os.rename(tmp, dest)
+        return Path(str(manifest["root"]))
     except (tarfile.TarError, OSError) as exc:
         raise ArtifactError(f"cannot unpack into {dest}: {exc}") from exc
     finally:

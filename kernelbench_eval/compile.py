@@ -4,6 +4,10 @@
 its own extension directory keyed by its SHA-256, the torch version and the device kind: an unchanged
 candidate is never rebuilt, and two candidates never share (or clobber) a build.
 
+A candidate that compiles kernels at its first call (Triton) is also called once on problem-shaped inputs in
+the build worker (`warmup`), so its kernels land in the build's own Triton cache before judging; the inputs
+that warm-up used are part of the build's name, and its time is part of the compile's.
+
 A build folder's name is computable from any source's bytes, so a candidate (same user) can write into
 another's. Hence the record the harness keeps (`compile.json`) is signed (`keys`) and lists the digest of
 every artifact; a record that does not verify, or artifacts that do not match it, are thrown away and
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +37,8 @@ from kernelbench_eval.discover import Candidate
 from kernelbench_eval.models import CompileRecord, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.record import write_atomic
+from kernelbench_eval.relocate import rewrite_triton
+from kernelbench_eval.warmup import WarmupSpec, build_env, needs_warmup
 
 RECORD_NAME = "compile.json"
 UNHASHED = frozenset({"lock", ".ninja_log", ".ninja_deps"})  # rewritten by load_inline/ninja on every load
@@ -48,31 +55,60 @@ class Compiled:
     cached: bool
 
 
-def build_dir(cache_dir: Path, candidate: Candidate, device: str) -> Path:
+def build_dir(cache_dir: Path, candidate: Candidate, device: str, warm: WarmupSpec | None = None) -> Path:
+    """`<sha>-<torch>-<device>`, plus `-w<inputs>` for a build warmed up (`warmup_for`) on given inputs."""
     torch_tag = torch.__version__.replace("+", "_")
-    return cache_dir / "builds" / f"{candidate.source_sha256[:24]}-{torch_tag}-{device}"
+    suffix = f"-w{warm.key()}" if warm is not None else ""
+    return cache_dir / "builds" / f"{candidate.source_sha256[:24]}-{torch_tag}-{device}{suffix}"
 
 
-def extension_env(build: Path) -> dict[str, str]:
-    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory."""
-    from kernelbench_eval.warmup import build_env
+def warmup_for(candidate: Candidate, warm: WarmupSpec | None) -> WarmupSpec | None:
+    """`warm` if this candidate's source needs a build-stage warm-up (Triton), else None."""
+    try:
+        source = candidate.path.read_text(errors="replace")
+    except OSError:
+        return None  # its import fails with the reason
+    return warm if warm is not None and needs_warmup(source) else None
 
-    return build_env(build)
+
+def extension_env(build: Path, triton: Path | None = None) -> dict[str, str]:
+    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory;
+    `triton`: a private copy of the build's Triton cache instead (`private_triton`)."""
+    env = build_env(build)
+    if triton is not None:
+        env["TRITON_CACHE_DIR"] = str(triton)
+    return env
 
 
-def compile_candidate(
-    candidate: Candidate, device: str, cache_dir: Path, log_path: Path, timeout: float
-) -> Compiled:
+def private_triton(build: Path, dest: Path) -> None:
+    """Copy the build's Triton cache to `dest`, its group files naming the copy. Call it under `build_lock`.
+
+    Why: Triton reads a kernel's binary at its first call, after the build's lock is released, and writes
+    whatever it compiles then into its cache; reading the verified copy, and writing there, keeps both out
+    of the signed build (which another candidate could otherwise alter between the check and the read).
+    """
+    if (build / "triton").is_dir():
+        shutil.copytree(build / "triton", dest, symlinks=True, dirs_exist_ok=True)
+        rewrite_triton(dest, build / "triton", dest)
+
+
+def compile_candidate(candidate: Candidate, device: str, cache_dir: Path, log_path: Path, timeout: float,
+                      warm: WarmupSpec | None = None, warm_here: bool = True) -> Compiled:
     """Import the candidate once in isolation, unless this exact source already built on this setup.
 
+    With `warm` (the problem and the run's input settings), a candidate that JIT-compiles at its first call is
+    then called once in the same worker (`warmup`); `warm_here=False` leaves that to `warm_build` where the
+    device is (a Ray compile task holds no GPU).
     An exclusive lock per build directory makes identical sources (in this run or in another run sharing
     the cache) build once: the second waits, then finds the record.
     """
-    build = build_dir(cache_dir, candidate, device)
+    warm = warmup_for(candidate, warm)
+    build = build_dir(cache_dir, candidate, device, warm)
+    spec = _Warm(warm, device) if warm is not None and warm_here else None
     for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
         try:
             with build_lock(build, verify=False):
-                return _compile_locked(candidate, build, log_path, timeout)
+                return _compile_locked(candidate, build, log_path, timeout, spec)
         except OSError as exc:
             error = f"build folder unusable: {exc}"
             if attempt == 0 and not isinstance(exc, locks.LockError):
@@ -101,11 +137,13 @@ def build_lock(build: Path, verify: bool = True) -> Iterator[None]:
 
 
 def artifact_digests(build: Path) -> dict[str, str]:
-    """sha256 of every file under the build's extension folder (links by target), the lock files aside."""
+    """sha256 of every file under the build's extension folder and Triton cache (links by target), the lock
+    files aside; a Triton file is named `../triton/...` (from the extension folder, as before it existed)."""
     digests: dict[str, str] = {}
     ext = build / "ext"
-    for path in sorted(ext.rglob("*")) if ext.is_dir() else []:
-        rel = str(path.relative_to(ext))
+    paths = [p for folder in (ext, build / "triton") if folder.is_dir() for p in sorted(folder.rglob("*"))]
+    for path in paths:
+        rel = os.path.relpath(path, ext)
         if path.is_symlink():
             digests[rel] = "link:" + os.readlink(path)
         elif path.is_file() and path.name not in UNHASHED:
@@ -139,21 +177,57 @@ def adopt(build: Path, record: CompileRecord) -> None:
                   log_file.read_text(errors="replace") if log_file.exists() else "")
 
 
-def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> Compiled:
+class _Warm(NamedTuple):
+    spec: WarmupSpec  # the problem and the input settings the warm-up call uses
+    device: str
+
+
+def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm | None
+                    ) -> Compiled:
     key = keys.load_key(build.parent.parent)
     record = _verified(build, key)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if record is not None:
         log_path.write_text(f"compile cached: {build}\n" + _cached_log(build, key))
-        return Compiled(record, build, cached=True)
+        if warm is None or not record.ok or record.warmup_seconds is not None:
+            return Compiled(record, build, cached=True)
+        return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
     _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
-    record = _import_once(candidate, build, log_path, timeout)
+    record = _import_once(candidate, build, log_path, timeout, warm)
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
         _write_record(build, key, record, log)
     return Compiled(record, build, cached=False)
+
+
+def warm_build(candidate: Candidate, build: Path, warm: WarmupSpec, device: str, log_path: Path, timeout: float
+               ) -> CompileRecord:
+    """The warm-up of a build made without it (`warm_here=False`), in this process's environment (a Ray lane's
+    GPU); its record updated (the warm-up's time added to the compile's) and signed again. Idempotent."""
+    with build_lock(build):
+        key = keys.load_key(build.parent.parent)
+        record = _verified(build, key)
+        if record is None:
+            raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
+        if not record.ok or record.warmup_seconds is not None:
+            return record
+        return _warm_locked(candidate, build, log_path, timeout, _Warm(warm, device), record, key)
+
+
+def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm,
+                 built: CompileRecord, key: bytes) -> CompileRecord:
+    """Warm a verified, unwarmed build (in a worker that imports it again, then calls it); record and sign it."""
+    shutil.rmtree(build / "triton", ignore_errors=True)  # whatever is there is no warm-up of ours
+    record = _import_once(candidate, build, log_path, timeout, warm)
+    record = record.model_copy(update={"seconds": built.seconds + record.seconds})  # all of it is build work
+    if not record.timed_out:
+        log = (build / "compile.log").read_text(errors="replace") if (build / "compile.log").exists() else ""
+        log += log_path.read_text(errors="replace") if log_path.exists() else ""
+        write_atomic(build / "compile.log", log)
+        _write_record(build, key, record, log)
+    return record
 
 
 def _clear(build: Path) -> None:
@@ -164,20 +238,34 @@ def _clear(build: Path) -> None:
         shutil.rmtree(build)
 
 
-def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> CompileRecord:
+def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm | None
+                 ) -> CompileRecord:
+    """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
+
+    `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
+    build's failure, named as such (`compile_error` for a kernel that does not compile, else `runtime_error`).
+    """
     started = time.perf_counter()
+    warmup_seconds = None
     with tempfile.TemporaryDirectory(prefix="kbeval-compile-") as workdir:
-        worker = WorkerProcess(Path(workdir), log_path, extension_env(build))
+        gpu = {"CUDA_VISIBLE_DEVICES": warm.spec.gpu} if warm and warm.spec.gpu is not None else {}
+        worker = WorkerProcess(Path(workdir), log_path, extension_env(build) | gpu)
         req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
+        stage = "compile"
         try:
             with worker:
                 reply = worker.request(req, timeout)
+                if reply.ok and warm is not None:
+                    stage, warm_started = "warm-up call", time.perf_counter()
+                    left = max(1.0, timeout - (warm_started - started))
+                    reply = worker.request(warm.spec.request(candidate.path, warm.device), left)
+                    warmup_seconds = time.perf_counter() - warm_started
         except WorkerFailure as failure:
             timed_out = failure.status == "timeout"
             return CompileRecord(
                 ok=False,
                 status="compile_error" if timed_out else failure.status,
-                error=f"compile gave {failure.message}" if timed_out else failure.message,
+                error=f"{stage} gave {failure.message}" if timed_out or stage != "compile" else failure.message,
                 timed_out=timed_out,
                 seconds=time.perf_counter() - started,
             )
@@ -186,6 +274,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         status=None if reply.ok else (reply.error_kind or "load_error"),
         error=reply.error,
         seconds=time.perf_counter() - started,
+        warmup_seconds=warmup_seconds,
         torch_version=reply.torch_version or "",
     )
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 MAX_SOURCE_BYTES = 2 * 1024 * 1024
 _CUDA_HINTS = re.compile(r"cuda_sources\s*=|__global__|\.cu['\"]")
-# Triton kernels run only on a GPU: `import triton`, `from triton ...` or a `@triton.jit` kernel means CUDA.
-_TRITON_HINTS = re.compile(r"^\s*(import\s+triton|from\s+triton\b)|@triton\.jit", re.MULTILINE)
+# Triton kernels run only on a GPU, and compile at their first call: `import triton`, `from triton ...` or a
+# `@triton.jit`/`@triton.autotune` kernel means CUDA (here) and a build-stage warm-up (`warmup.needs_warmup`).
+TRITON_HINTS = re.compile(r"^\s*(import\s+triton|from\s+triton\b)|@triton\.(jit|autotune)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def declared_devices(source: str) -> tuple[str, ...] | None:
                 return tuple(str(d) for d in ast.literal_eval(node.value))
             except ValueError:
                 return None
-    return ("cuda",) if _CUDA_HINTS.search(source) or _TRITON_HINTS.search(source) else None
+    return ("cuda",) if _CUDA_HINTS.search(source) or TRITON_HINTS.search(source) else None
 
 
 # --- sizes, read statically: `--dim` and `--smoke` are checked before anything runs -------------------

@@ -21,6 +21,7 @@ from kernelbench_eval.compile import Compiled, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
 from kernelbench_eval.judge import ReferenceSide, Secrets, judge
 from kernelbench_eval.models import Findings, RunSettings
+from kernelbench_eval.warmup import WarmupSpec
 
 
 @dataclass(frozen=True)
@@ -94,11 +95,18 @@ class EvalLane:
             self.ref.close()
             self.ref = None
 
+    def holds(self, compiled: Compiled) -> bool:
+        return True  # every build of this host is in its cache
+
 
 class LaneHandle(Protocol):
     """A lane as the pipeline sees it: an `EvalLane` here, or one living in a Ray actor."""
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult: ...
+
+    def holds(self, compiled: Compiled) -> bool:
+        """Whether this lane can judge `compiled` without fetching the build (`schedule` prefers those)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -108,8 +116,9 @@ class LocalBackend:
 
     name = "local"
 
-    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled:
-        return compile_candidate(cand, device, cache_dir, log, timeout)
+    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float,
+                warm: WarmupSpec | None = None) -> Compiled:
+        return compile_candidate(cand, device, cache_dir, log, timeout, warm)
 
     def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]:
         return [EvalLane(spec, config) for spec in lane_specs(config.settings.device, gpus, count)]

@@ -265,7 +265,8 @@ class CompileRecord(BaseModel):
     status: Status | None = None  # compile_error / load_error / timeout / crashed when not ok
     error: str | None = None
     timed_out: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole build: import (extension compile) and warm-up
+    warmup_seconds: float | None = None  # the build-stage warm-up call's part (`warmup.py`); None: none ran
     torch_version: str = ""
 
 

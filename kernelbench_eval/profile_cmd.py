@@ -17,11 +17,11 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from rich.table import Table
 
-from kernelbench_eval.compile import build_lock, compile_candidate
+from kernelbench_eval.compile import build_lock, compile_candidate, extension_env, private_triton
 from kernelbench_eval.discover import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.models import Device, KernelCount, KernelRow, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.warmup import build_env
+from kernelbench_eval.warmup import WarmupSpec
 
 
 class ModelProfile(BaseModel):
@@ -63,7 +63,8 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
     elif ref.error:
         got = ModelProfile(role="candidate", error="not profiled: the reference could not be")
     else:
-        got = _profile_candidate(cand, device, cache_dir, work, inputs, timeout, warmup, common)
+        warm = WarmupSpec(problem_path, prob.source_sha256, tuple(sorted((dims or {}).items())), precision)
+        got = _profile_candidate(cand, device, cache_dir, work, inputs, timeout, warmup, common, warm)
     if not ref.error and not got.error:
         shutil.rmtree(work, ignore_errors=True)  # logs are kept only when something failed
     return ProfileReport(problem=prob.problem_id, candidate=cand.candidate_id, device=device, precision=precision,
@@ -71,15 +72,17 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
 
 
 def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: Path, inputs: Path, timeout: float,
-                       warmup: int, common: dict) -> ModelProfile:
-    """Built (or found built) as a run builds it, then profiled from its verified build."""
-    compiled = compile_candidate(cand, device, cache_dir, work / "candidate.compile.log", timeout)
+                       warmup: int, common: dict, warm: WarmupSpec) -> ModelProfile:
+    """Built (or found built, warmed up for these inputs) as a run builds it, then profiled from its verified
+    build, with a private copy of its Triton cache (`compile.private_triton`)."""
+    compiled = compile_candidate(cand, device, cache_dir, work / "candidate.compile.log", timeout, warm)
     if not compiled.record.ok:
         return ModelProfile(role="candidate", error=f"{compiled.record.status}: {compiled.record.error}")
     try:
         with build_lock(compiled.build_dir):
-            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, build_env(compiled.build_dir),
-                                timeout, warmup, common)
+            private_triton(compiled.build_dir, work / "candidate-triton")
+            env = extension_env(compiled.build_dir, triton=work / "candidate-triton")
+            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, env, timeout, warmup, common)
     except OSError as exc:  # a build altered since it was recorded, a lock that never came
         return ModelProfile(role="candidate", error=str(exc))
 

@@ -19,6 +19,7 @@ from kernelbench_eval.discover import Candidate, Problem
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult
 from kernelbench_eval.models import Verdict
 from kernelbench_eval.plan import Plan
+from kernelbench_eval.warmup import WarmupSpec
 
 
 def short(problem_id: str, candidate_id: str | None = None) -> str:
@@ -92,11 +93,12 @@ class _ObservedBackend:
     def __init__(self, inner, progress: RunProgress) -> None:
         self.inner, self.progress, self.name = inner, progress, inner.name
 
-    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float) -> Compiled:
+    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float,
+                warm: WarmupSpec | None = None) -> Compiled:
         name = short(cand.problem_id, cand.candidate_id)
         self.progress.start(self.progress.build, name)
         try:
-            return self.inner.compile(cand, device, cache_dir, log, timeout)
+            return self.inner.compile(cand, device, cache_dir, log, timeout, warm)
         finally:
             self.progress.finish(self.progress.build, name)
 
@@ -125,6 +127,9 @@ class _ObservedLane:
             if opening:
                 self.progress.finish(self.progress.baselines, short(problem.problem_id))
             self.progress.finish(self.progress.judge, name, advance=0)  # the verdict itself advances the row
+
+    def holds(self, compiled: Compiled) -> bool:
+        return self.inner.holds(compiled)
 
     def close(self) -> None:
         self.inner.close()

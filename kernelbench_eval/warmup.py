@@ -7,23 +7,53 @@ the first correctness trial and its failures would read as runtime errors. The b
 imports the candidate (`op_import`), then runs this (`op_warmup`) on inputs made the way the reference's
 are (same `--dim` overrides and precision), so the kernels it will be judged on are in the build's Triton
 cache (`build_env`) before evaluation starts. Its time is part of the compile's.
+
+What the warmed kernels depend on (the problem's bytes, `--dim`, `--precision`) is part of the build's
+folder name (`WarmupSpec.key`): one source judged on two problems or two precisions gets two builds, each
+with the Triton cache for its own inputs, instead of one cache that would miss for one of them.
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval.models import WorkerReply, WorkerRequest
+from kernelbench_eval.discover import TRITON_HINTS, Problem
+from kernelbench_eval.models import RunSettings, WorkerReply, WorkerRequest
 from kernelbench_eval.precision import cast_inputs, cast_model
-
-_NEEDS_WARMUP = re.compile(r"^\s*(import\s+triton|from\s+triton\b)|@triton\.(jit|autotune)", re.MULTILINE)
 
 
 def needs_warmup(source: str) -> bool:
     """Whether a candidate compiles kernels at its first call (Triton) and so needs a build-stage warm-up."""
-    return bool(_NEEDS_WARMUP.search(source))
+    return bool(TRITON_HINTS.search(source))
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """What a warm-up needs besides the candidate: the problem file whose `get_init_inputs`/`get_inputs` shape
+    the call, and the run's settings that change those inputs."""
+
+    problem: Path
+    problem_sha256: str
+    dims: tuple[tuple[str, int | float], ...] = ()
+    precision: str = "fp32"
+    gpu: str | None = field(default=None, compare=False)  # CUDA_VISIBLE_DEVICES of the build worker (a lane's GPU)
+
+    @classmethod
+    def of(cls, problem: Problem, settings: RunSettings, gpu: str | None = None) -> WarmupSpec:
+        return cls(problem.path, problem.source_sha256, tuple(sorted(settings.dims.items())), settings.precision, gpu)
+
+    def key(self) -> str:
+        """12 hex digits naming the inputs the warmed kernels were compiled for."""
+        text = json.dumps([self.problem_sha256, list(self.dims), self.precision])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def request(self, candidate: Path, device: str) -> WorkerRequest:
+        return WorkerRequest(op="warmup", path=str(candidate.resolve()), problem=str(self.problem.resolve()),
+                             device=device, dims=dict(self.dims), precision=self.precision)
 
 
 def build_env(build: Path) -> dict[str, str]:

@@ -112,10 +112,19 @@ class Worker(ReferenceOps, CandidateOps):
         return WorkerReply(ok=True, kernels=counted.count, kernel_rows=counted.rows)
 
     def op_warmup(self, req: WorkerRequest) -> WorkerReply:
-        """Build stage: one call of ModelNew on problem-shaped inputs, so Triton (JIT at first call) compiles."""
+        """Build stage: one call of ModelNew on problem-shaped inputs, so Triton (JIT at first call) compiles.
+
+        Its failure is the build's: one line saying it was the warm-up, never a traceback in the verdict.
+        """
         from kernelbench_eval.warmup import warm_up
 
-        return warm_up(self._module(req.path), self._module(req.problem), req)
+        problem = self._module(req.problem)  # the harness's file: its failure is no candidate's
+        try:
+            return warm_up(self._module(req.path), problem, req)
+        except Exception as exc:
+            traceback.print_exc()
+            status, message = classify(exc)
+            return WorkerReply(ok=False, error_kind=status, error=f"warm-up call on problem-shaped inputs: {message}")
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -155,6 +164,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     if _BUILD_FAILURE in text:
         return "compile_error", first_compiler_error(text) or _one_line(exc)
+    if type(exc).__module__.startswith("triton.compiler"):  # a @triton.jit kernel that does not compile
+        return "compile_error", _one_line(exc) + _candidate_frame(exc)
     where = _candidate_frame(exc)
     return "runtime_error", f"{_one_line(exc)}{where}"
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kernelbench_eval.compile import Compiled, build_lock, extension_env
+from kernelbench_eval.compile import Compiled, build_lock, extension_env, private_triton
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
 from kernelbench_eval.measure import Deadline
 from kernelbench_eval.models import Findings, WorkerRequest
@@ -78,13 +78,14 @@ class CandidateRun:
         """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
         with self.stage("loading", "spawn"):
             (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
-            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | extension_env(self.build.build_dir),
-                                        time_limit=self.timeout)
+            env = extension_env(self.build.build_dir, triton=self.workdir / "triton")  # a copy: private_triton
+            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | env, time_limit=self.timeout)
             self.worker.start()
         if not self.ok:
             return False
         with self.stage("loading", "load"):
             with build_lock(self.build.build_dir):  # load_inline's own lock file may be stale (see build_lock)
+                private_triton(self.build.build_dir, self.workdir / "triton")
                 self.deadline = Deadline(self.timeout)  # a wait for the lock is not the candidate's time
                 reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
                                          self.deadline.left())
