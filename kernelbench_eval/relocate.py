@@ -95,7 +95,7 @@ def _rehash_log(folder: Path) -> None:
     except OSError:
         return
     header = _LOG_HEADER.match(data)
-    hasher = {5: murmur64a, 6: murmur64a, 7: rapidhash}.get(int(header.group(1))) if header else None
+    hasher = LOG_HASHES.get(int(header.group(1))) if header else None
     if hasher is None:
         return
     lines = data[header.end():].decode(errors="surrogateescape").splitlines()
@@ -187,3 +187,6 @@ def rapidhash(data: bytes, seed: int = 0xBDD89AA982704029) -> int:
         a, b = r64(p + left - 16), r64(p + left - 8)
     a, b = _mum(a ^ s1, b ^ seed)
     return _mix(a ^ s0 ^ n, b ^ s1)
+
+
+LOG_HASHES = {5: murmur64a, 6: murmur64a, 7: rapidhash}  # ninja log version -> its command hash

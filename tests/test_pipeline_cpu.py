@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -278,3 +279,90 @@ def test_a_stale_extension_lock_does_not_hang_the_next_run(build_cache, tmp_path
         (ext / "lock").write_text("")  # as left by a worker SIGKILLed while it held torch's FileBaton
     kbeval(*args, "--run-id", "second", cache=build_cache)
     assert settled(read_verdicts(tmp_path / "out" / "second")["cpp_honest"]["status"]) == "correct"
+
+
+# --- build-stage warm-up (Triton-like candidates, faked on the CPU: fixtures/candidates_warmup) -----------
+
+WARMUP = FIXTURES / "candidates_warmup"
+QUICK = ("--device", "cpu", "--problems", str(FIXTURES / "problems"), "--trials", "1", "--no-compile-baseline",
+         "--timing-budget", "0.2", "--reps", "5", "--max-reps", "20", "--warmup", "1", "--warmup-seconds", "0.1",
+         "--timeout", "60", "--jobs", "1")
+
+
+def _jit_candidates(folder: Path, events: Path, **modes: str) -> Path:
+    """`fake_triton.py` as candidates NAME.py of the tiny problem, each in MODE, logging its JIT events."""
+    cands = folder / "tiny_linear_relu"
+    cands.mkdir(parents=True, exist_ok=True)
+    for name, mode in modes.items():
+        text = (WARMUP / "fake_triton.py").read_text().replace("__EVENTS__", str(events)).replace("__MODE__", mode)
+        (cands / f"{name}.py").write_text(text)
+    return folder
+
+
+def _events(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_jit_candidate_is_built_by_a_warmup_call_and_judged_from_its_build_cache(tmp_path):
+    """The fake kernel compiles once, in the build worker (its time in the build record); the evaluation finds
+    it in the build's cache; a rerun reuses the build; other input settings get a build of their own."""
+    cache, events = tmp_path / "cache", tmp_path / "events"  # a cache of its own: every compile is counted
+    cands = _jit_candidates(tmp_path / "c", events, fake_triton="honest")
+    out = tmp_path / "out"
+    kbeval("run", *QUICK, "--candidates", str(cands), "--out", str(out), "--run-id", "first", cache=cache)
+    verdict = read_verdicts(out / "first")["fake_triton"]
+    assert verdict["correct"] and verdict["compiled"] and not verdict["compile_cached"]
+    assert _events(events) == ["compile jit", "eval hit"]  # the first trial did not compile it again
+    (build,) = cache.glob("builds/*-cpu-w*")
+    record = json.loads((build / "compile.json").read_text())["record"]
+    assert record["warmup_seconds"] >= 0.3 and record["seconds"] >= record["warmup_seconds"]  # it slept 0.3 s
+    assert verdict["compile_seconds"] >= 0.3
+    assert (build / "triton" / "FAKEKEY" / "relu.bin").read_text() == "relu"
+
+    kbeval("run", *QUICK, "--candidates", str(cands), "--out", str(out), "--run-id", "again", cache=cache)
+    assert read_verdicts(out / "again")["fake_triton"]["compile_cached"]
+    kbeval("run", *QUICK, "--dim", "batch_size=4", "--candidates", str(cands), "--out", str(out), "--run-id", "dims",
+           cache=cache)
+    assert read_verdicts(out / "dims")["fake_triton"]["correct"]
+    assert _events(events) == ["compile jit", "eval hit", "eval hit", "compile jit", "eval hit"]
+    assert len(list(cache.glob("builds/*-cpu-w*"))) == 2  # other inputs, another build: never one shared cache
+
+
+def test_a_failing_warmup_build_is_a_verdict_not_a_traceback(tmp_path):
+    cands = _jit_candidates(tmp_path / "c", tmp_path / "events", fake_triton="warm_fails")
+    kbeval("run", *QUICK, "--candidates", str(cands), "--out", str(tmp_path / "out"), "--run-id", "r",
+           cache=tmp_path / "cache")
+    verdict = read_verdicts(tmp_path / "out" / "r")["fake_triton"]
+    assert verdict["status"] == "runtime_error" and not verdict["compiled"]
+    assert re.fullmatch(r"warm-up call on problem-shaped inputs: RuntimeError: fake kernel: shapes do not fit the "
+                        r"launch grid \(fake_triton\.py:\d+\)", verdict["error"]), verdict["error"]
+    assert not (tmp_path / "out" / "r" / "logs" / "tiny_linear_relu" / "fake_triton.eval.log").exists()
+
+
+def test_kernels_compiled_while_judged_stay_out_of_the_signed_build(tmp_path):
+    """A JIT candidate that compiles more while judged writes into a private copy of its build's cache, so its
+    build still verifies next time (a changed build would be thrown away and rebuilt)."""
+    cache, events = tmp_path / "cache", tmp_path / "events"
+    cands = _jit_candidates(tmp_path / "c", events, fake_triton="eval_jit")
+    for run_id in ("first", "second"):
+        proc = kbeval("run", *QUICK, "--candidates", str(cands), "--out", str(tmp_path / "out"), "--run-id", run_id,
+                      cache=cache)
+        assert "do not match" not in proc.stdout + proc.stderr
+    assert read_verdicts(tmp_path / "out" / "second")["fake_triton"]["compile_cached"]
+    assert _events(events) == ["compile jit", "eval hit", "eval hit"]
+    assert not list(cache.glob("builds/*/triton/*/other.bin"))
+
+
+def test_a_kernel_planted_in_another_builds_cache_is_never_loaded(tmp_path):
+    """`aa_poison_triton_cache` rewrites every build's cached fake kernel while judged (before the victim): the
+    victim's build no longer verifies, is rebuilt, and is judged on its own kernel."""
+    events = tmp_path / "events"
+    cands = _jit_candidates(tmp_path / "c", events, zz_victim="honest")
+    shutil.copyfile(WARMUP / "aa_poison_triton_cache.py", cands / "tiny_linear_relu" / "aa_poison_triton_cache.py")
+    proc = kbeval("run", *QUICK, "--candidates", str(cands), "--out", str(tmp_path / "out"), "--run-id", "r",
+                  cache=tmp_path / "cache")
+    verdicts = read_verdicts(tmp_path / "out" / "r")
+    assert verdicts["aa_poison_triton_cache"]["correct"]  # it ran (and planted) first
+    assert verdicts["zz_victim"]["correct"], verdicts["zz_victim"]
+    assert "do not match the harness's record" in proc.stdout + proc.stderr  # the plant was seen
+    assert _events(events) == ["compile jit", "compile jit", "eval hit"]  # built, rebuilt, judged on its own

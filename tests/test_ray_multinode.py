@@ -10,6 +10,7 @@ without `ray stop` (which would stop every Ray on the machine).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -28,7 +29,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, kbeval
 
-from kernelbench_eval import artifacts
+from kernelbench_eval import artifacts, relocate
+from kernelbench_eval.compile import adopt, build_lock, compile_candidate
+from kernelbench_eval.discover import Problem, make_candidate
 
 PROBLEMS = FIXTURES / "problems"
 SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"
@@ -151,6 +154,120 @@ def test_an_altered_build_is_refused_and_nothing_is_placed(tmp_path):
     assert not dest.exists() and not list(dest.parent.iterdir())  # no partial build, no leftovers
     with pytest.raises(artifacts.ArtifactError):
         artifacts.unpack(b"not a tar", dest)
+
+
+# --- a build carried to another path loads there without a rebuild (`relocate`) ------------------------
+
+
+def test_ninja_command_hashes_are_ninjas(tmp_path):
+    """Our hash of a command equals the one ninja logged for it, at every length the hash treats apart."""
+    lengths = [1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 47, 48, 49, 60, 95, 96, 97, 143, 144, 200, 301]
+    commands = {f"o{n}": ":" if n == 1 else ": " + "x" * (n - 2) for n in lengths}
+    (tmp_path / "build.ninja").write_text("".join(f"rule r_{out}\n  command = {cmd}\nbuild {out}: r_{out}\n"
+                                                  for out, cmd in commands.items()))
+    subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
+    log = (tmp_path / ".ninja_log").read_text().splitlines()
+    hasher = relocate.LOG_HASHES[int(log[0].removeprefix("# ninja log v"))]
+    logged = {fields[3]: int(fields[4], 16) for fields in (line.split("\t") for line in log[1:])}
+    assert logged == {out: hasher(cmd.encode()) for out, cmd in commands.items()}
+    # ninja 1.11 (log v5, MurmurHash64A), as it logged these commands
+    padding = " && echo long-command-padding-to-exceed-forty-eight-bytes-of-text"
+    for out, digest in (("a.txt", 0xE38281E0975B7C59), ("bb.txt", 0x5F0952E7C387FF84), ("c", 0xCD2D54CD29F320D0)):
+        assert relocate.murmur64a(f'printf "%s" {out} > {out}{padding}'.encode()) == digest
+
+
+def _ninja_text(folder: Path) -> str:
+    """What `load_inline` writes for <build>/ext/NAME: a build.ninja naming its source by absolute path, an
+    object with gcc-style deps, a library; `cp` stands in for the compiler."""
+    return ("rule compile\n  command = cp $in $out && printf '%s: %s\\n' $out $in > $out.d\n  depfile = $out.d\n"
+            f"  deps = gcc\nrule link\n  command = cp $in $out\nbuild main.o: compile {folder}/main.cpp\n"
+            "build fake.so: link main.o\ndefault fake.so\n")
+
+
+def _ninja_project(build: Path) -> Path:
+    folder = build / "ext" / "fake"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "build.ninja").write_text(_ninja_text(folder))
+    return folder
+
+
+def _dry_run(folder: Path) -> str:
+    return subprocess.run(["ninja", "-C", str(folder), "-n", "-d", "explain"], capture_output=True, text=True,
+                          check=True).stdout + "\n"
+
+
+def test_a_build_unpacked_under_another_root_is_not_rebuilt(tmp_path):
+    made = tmp_path / "a" / "builds" / "b1"
+    folder = _ninja_project(made)
+    (folder / "main.cpp").write_text("int x;\n")
+    subprocess.run(["ninja", "-C", str(folder)], check=True, capture_output=True)
+    data = artifacts.pack(made)
+    shutil.rmtree(tmp_path / "a")  # another node: the path it was made at does not exist there
+    moved = tmp_path / "another-node-cache" / "builds" / "b1"
+    assert artifacts.unpack(data, moved) == made
+    assert relocate.relocate(moved, made)
+    assert (moved / "ext" / "fake" / "build.ninja").read_text() == _ninja_text(moved / "ext" / "fake")  # kept
+    assert "no work to do" in _dry_run(moved / "ext" / "fake")
+    # the same without `relocate` (build.ninja as load_inline writes it there): ninja rebuilds
+    unrelocated = tmp_path / "third" / "builds" / "b1"
+    artifacts.unpack(data, unrelocated)
+    _ninja_project(unrelocated)
+    assert "no work to do" not in _dry_run(unrelocated / "ext" / "fake")
+
+
+def test_relocated_triton_groups_name_the_new_place(tmp_path):
+    old, new = tmp_path / "a" / "triton", tmp_path / "b" / "triton"
+    (new / "KEY").mkdir(parents=True)
+    group = new / "KEY" / "__grp__k.json"
+    group.write_text(json.dumps({"child_paths": {"k.cubin": f"{old}/KEY/k.cubin", "x": "/elsewhere/x"}}))
+    (new / "KEY" / "__grp__broken.json").write_text("{not json")
+    relocate.rewrite_triton(new, old, new)
+    assert json.loads(group.read_text())["child_paths"] == {"k.cubin": f"{new}/KEY/k.cubin", "x": "/elsewhere/x"}
+
+
+FAKE_CXX = """#!/bin/sh
+for arg in "$@"; do case "$arg" in -c|-o) echo "$*" >> {calls}; exit 1;; esac; done
+exec {real} "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_relocated_cpp_build_loads_without_a_compiler_run(build_cache, tmp_path):
+    """A real `load_inline` build, carried to another cache path and signed there, loads with a compiler that
+    refuses to compile (only answers torch's version probe) and is still intact afterwards."""
+    problem = PROBLEMS / "tiny_linear_relu.py"
+    prob = Problem("tiny_linear_relu", problem, hashlib.sha256(problem.read_bytes()).hexdigest())
+    cand = make_candidate(prob, SOURCES / "cpp_honest.py")
+    built = compile_candidate(cand, "cpu", build_cache, tmp_path / "compile.log", 600)
+    assert built.record.ok, built.record
+    with build_lock(built.build_dir):
+        data = artifacts.pack(built.build_dir)
+    calls = tmp_path / "compiler-calls"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "c++").write_text(FAKE_CXX.format(calls=calls, real=shutil.which("c++")))
+    (tmp_path / "bin" / "c++").chmod(0o755)
+
+    def carried(root: Path, relocated: bool) -> subprocess.CompletedProcess:
+        build = root / "builds" / built.build_dir.name
+        with build_lock(build, verify=False):
+            made_at = artifacts.unpack(data, build)
+            if relocated:
+                assert relocate.relocate(build, made_at)
+            adopt(build, built.record)
+        assert compile_candidate(cand, "cpu", root, tmp_path / "again.log", 60).cached  # verifies here
+        env = {k: v for k, v in os.environ.items() if k != "CXX"} | {
+            "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(build / "ext")}
+        code = f"import runpy; runpy.run_path({str(cand.path)!r})['ext'].relu_loop"
+        with build_lock(build):  # as a judge loads it
+            return subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+
+    loaded = carried(tmp_path / "node-b-cache", relocated=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert not calls.exists(), calls.read_text()  # no compile ran
+    with build_lock(tmp_path / "node-b-cache" / "builds" / built.build_dir.name):
+        pass  # still as signed: a load changed nothing
+    refused = carried(tmp_path / "node-c-cache", relocated=False)  # the same, not relocated: it recompiles
+    assert refused.returncode != 0 and calls.exists()
 
 
 def _candidates(folder: Path, gates: Path | None = None) -> Path:

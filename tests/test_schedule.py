@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kernelbench_eval.schedule import drive
+from kernelbench_eval.schedule import PATIENCE, ReadyQueue, drive
 
 
 @dataclass
@@ -114,3 +114,54 @@ def test_a_failing_build_is_reported_without_a_hang() -> None:
     with pytest.raises(OSError, match="disk full"):
         drive(ITEMS[:4], build, jobs=2, lanes=[fake_lane(log, "a", 0.0)], key=problem)
     assert len(log.runs) == 3
+
+
+# --- locality: a lane prefers builds its node holds, without starving the others --------------------------
+
+
+def _queue(*items: str) -> ReadyQueue:
+    queue = ReadyQueue(len(items), key=problem)
+    for item in items:
+        queue.finish(item, f"built {item}")
+    return queue
+
+
+def _on(*held: str):
+    """A lane whose node holds the builds of `held`."""
+    return lambda item, built: item in held
+
+
+def test_a_lane_takes_a_build_its_node_holds_before_an_older_one_it_would_fetch() -> None:
+    queue = _queue("p0/c0", "p0/c1", "p0/c2")
+    assert queue.take(prefer="p0", near=_on("p0/c2"))[0] == "p0/c2"
+    assert queue.take(prefer="p0", near=_on())[0] == "p0/c0"  # nothing near: the oldest
+    assert queue.take(prefer=None, near=None)[0] == "p0/c1"
+
+
+def test_the_problem_a_lane_has_open_comes_before_where_the_build_is() -> None:
+    queue = _queue("p0/c0", "p1/c0", "p1/c1")
+    assert queue.take(prefer="p0", near=_on("p1/c0", "p1/c1"))[0] == "p0/c0"  # a fetch is cheaper than a switch
+    assert queue.take(prefer="p2", near=_on("p1/c1"))[0] == "p1/c1"  # no candidate of its problem: the near one
+
+
+def test_a_build_no_lane_holds_is_taken_after_patience_runs_out() -> None:
+    """Near builds keep arriving; the far one is passed over PATIENCE times, then taken next."""
+    queue = _queue("p0/far")
+    near = [f"p0/n{n}" for n in range(PATIENCE + 3)]
+    taken = []
+    for item in near:
+        queue.finish(item, f"built {item}")
+        taken.append(queue.take(prefer="p0", near=_on(*near))[0])
+    assert taken[:PATIENCE] == near[:PATIENCE]  # passed over PATIENCE times
+    assert taken[PATIENCE] == "p0/far"  # then first, though near ones are ready
+    assert "p0/far" not in taken[PATIENCE + 1:]
+
+
+def test_drive_passes_each_lane_its_own_locality() -> None:
+    """One lane whose node holds the odd builds: it judges those first, then the rest, oldest first."""
+    log = Log()
+    items = [f"p0/c{n}" for n in range(8)]
+    held = set(items[1::2])
+    drive(items, fake_build(log, {}), jobs=1, lanes=[fake_lane(log, "a", 0.0)], key=problem, hold=True,
+          near=[lambda item, built: item in held])
+    assert [item for _, item, _, _ in log.runs] == items[1::2] + items[0::2]  # one lane: appended in order
