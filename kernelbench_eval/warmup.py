@@ -24,6 +24,7 @@ from typing import Any
 from kernelbench_eval.discover import TRITON_HINTS, Problem
 from kernelbench_eval.models import RunSettings, WorkerReply, WorkerRequest
 from kernelbench_eval.precision import cast_inputs, cast_model
+from kernelbench_eval.worker_common import _one_line
 
 
 def needs_warmup(source: str) -> bool:
@@ -75,7 +76,10 @@ def warm_up(candidate: Any, problem: Any, req: WorkerRequest) -> WorkerReply:
     device = req.device or "cpu"
     torch.manual_seed(req.init_seed or 0)
     init = cast_inputs(problem.get_init_inputs(), req.precision)
-    model = candidate.ModelNew(*init)
+    try:
+        model = candidate.ModelNew(*init)
+    except Exception as exc:  # as when judged (`op_load`): the wrong constructor is a load error
+        return WorkerReply(ok=False, error_kind="load_error", error=f"ModelNew(*init): {_one_line(exc)}")
     model = cast_model(model.to(device) if hasattr(model, "to") else model, req.precision)
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x
               for x in cast_inputs(problem.get_inputs(), req.precision)]

@@ -120,11 +120,14 @@ class Worker(ReferenceOps, CandidateOps):
 
         problem = self._module(req.problem)  # the harness's file: its failure is no candidate's
         try:
-            return warm_up(self._module(req.path), problem, req)
+            reply = warm_up(self._module(req.path), problem, req)
         except Exception as exc:
             traceback.print_exc()
             status, message = classify(exc)
-            return WorkerReply(ok=False, error_kind=status, error=f"warm-up call on problem-shaped inputs: {message}")
+            reply = WorkerReply(ok=False, error_kind=status, error=message)
+        if not reply.ok:
+            reply.error = f"warm-up call on problem-shaped inputs: {reply.error}"
+        return reply
 
     # -- helpers -------------------------------------------------------------------------------------
 

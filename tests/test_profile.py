@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from conftest import FIXTURES, kbeval, read_verdicts
 from kernelbench_eval.discover import declared_devices
 from kernelbench_eval.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
 from kernelbench_eval.models import KernelCount, WorkerRequest
-from kernelbench_eval.warmup import build_env, needs_warmup
-from kernelbench_eval.worker import Worker
+from kernelbench_eval.warmup import WarmupSpec, build_env, needs_warmup
+from kernelbench_eval.worker import Worker, classify
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 CANDIDATES = FIXTURES / "candidates" / "tiny_linear_relu"
@@ -51,12 +52,35 @@ def test_custom_events_are_matched_by_name_and_address() -> None:
     assert is_custom_event("triton/runtime/jit.py(700): run", functions)
 
 
-def test_build_warmup_calls_the_candidate_on_problem_shaped_inputs() -> None:
+def test_build_warmup_calls_the_candidate_on_problem_shaped_inputs(tmp_path: Path) -> None:
     worker = Worker()
     worker._module(str(CANDIDATES / "py_honest.py"))  # what op_import did in the build worker
     req = WorkerRequest(op="warmup", path=str(CANDIDATES / "py_honest.py"), problem=str(PROBLEM), device="cpu",
                         dims={"batch_size": 2}, precision="bf16")
     assert worker.op_warmup(req).ok
+    wrong_init = worker.op_warmup(req.model_copy(update={"path": str(CANDIDATES / "py_wrong_init.py")}))
+    assert not wrong_init.ok and wrong_init.error_kind == "load_error"  # as when judged: one line, no traceback
+    assert wrong_init.error.startswith("warm-up call on problem-shaped inputs: ModelNew(*init): TypeError: ")
+    (tmp_path / "fixed.py").write_text("import torch\nclass ModelNew(torch.nn.Module):\n"
+                                       "    def __init__(self, *args):\n        super().__init__()\n"
+                                       "    def forward(self, x):\n        return x @ torch.ones(3, 3)\n")
+    wrong_shape = worker.op_warmup(req.model_copy(update={"path": str(tmp_path / "fixed.py")}))
+    assert not wrong_shape.ok and wrong_shape.error_kind == "runtime_error"  # sized for 3 features, given 32
+    assert wrong_shape.error.startswith("warm-up call on problem-shaped inputs: RuntimeError: ")
+    assert "\n" not in wrong_init.error + wrong_shape.error
+
+
+def test_a_triton_kernel_that_does_not_compile_is_a_compile_error() -> None:
+    error = type("CompilationError", (Exception,), {"__module__": "triton.compiler.errors"})
+    assert classify(error("at 3:4: name 'tl.nope' is not defined"))[0] == "compile_error"
+    assert classify(ValueError("at 3:4"))[0] == "runtime_error"
+
+
+def test_warmup_specs_name_their_inputs() -> None:
+    spec = WarmupSpec(PROBLEM, "ab" * 32, (("batch_size", 4),), "fp32", gpu="0")
+    assert spec.key() == WarmupSpec(Path("/elsewhere.py"), "ab" * 32, (("batch_size", 4),), "fp32").key()
+    assert len({spec.key(), replace(spec, precision="bf16").key(), replace(spec, dims=()).key(),
+                replace(spec, problem_sha256="cd" * 32).key()}) == 4
 
 
 def test_profile_pure_pytorch_candidate(build_cache: Path) -> None:
@@ -125,6 +149,41 @@ def test_triton_fixtures_judged_on_cuda(tmp_path: Path, build_cache: Path) -> No
     verdicts = read_verdicts(tmp_path / "triton")
     assert verdicts["triton_honest"]["correct"] and verdicts["triton_torch_only"]["correct"]
     assert verdicts["triton_wrong_mask"]["status"] == "incorrect"  # 1024 outputs, one 256-wide program
+    bad = verdicts["triton_compile_error"]
+    assert bad["status"] == "compile_error" and not bad["compiled"], bad
+    assert bad["error"].startswith("warm-up call on problem-shaped inputs: ") and "\n" not in bad["error"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_triton_kernels_compile_in_the_build_stage(tmp_path: Path) -> None:
+    """Each Triton build's own cache holds its compiled kernel before judging (the warm-up's time in its record);
+    a rerun judges from the cache, compiling nothing."""
+    pytest.importorskip("triton")
+    cache, cands = tmp_path / "cache", tmp_path / "candidates" / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    for name in ("triton_honest", "triton_wrong_mask"):
+        (cands / f"{name}.py").write_bytes((TRITON / f"{name}.py").read_bytes())
+    args = ("run", "--device", "cuda", "--problems", str(FIXTURES / "problems"), "--candidates",
+            str(tmp_path / "candidates"), "--dim", "batch_size=64", "--timeout", "120", "--trials", "2",
+            "--no-compile-baseline", "--out", str(tmp_path / "out"))
+    kbeval(*args, "--run-id", "first", cache=cache)
+    builds = sorted(cache.glob("builds/*-cuda-w*"))
+    assert len(builds) == 2  # one per source, each with its own cache
+    for build in builds:
+        record = json.loads((build / "compile.json").read_text())["record"]
+        assert record["ok"] and record["warmup_seconds"] > 0 and record["seconds"] >= record["warmup_seconds"]
+        kernels = [p for p in (build / "triton").rglob("*.cubin") if "relu_kernel" in p.name]
+        assert kernels, sorted(p.name for p in (build / "triton").rglob("*"))
+        groups = [json.loads(g.read_text())["child_paths"] for g in (build / "triton").rglob("__grp__*.json")]
+        assert groups and all(path.startswith(f"{build}/triton/") for g in groups for path in g.values())
+    first = read_verdicts(tmp_path / "out" / "first")
+    assert first["triton_honest"]["correct"] and first["triton_wrong_mask"]["status"] == "incorrect"
+    before = {p: p.stat().st_mtime_ns for build in builds for p in (build / "triton").rglob("*")}
+    kbeval(*args, "--run-id", "again", cache=cache)
+    again = read_verdicts(tmp_path / "out" / "again")
+    assert again["triton_honest"]["correct"] and again["triton_honest"]["compile_cached"]
+    assert {p: p.stat().st_mtime_ns for build in builds for p in (build / "triton").rglob("*")} == before
 
 
 
