@@ -270,11 +270,14 @@ def test_a_relocated_cpp_build_loads_without_a_compiler_run(build_cache, tmp_pat
     assert refused.returncode != 0 and calls.exists()
 
 
-def _candidates(folder: Path, gates: Path | None = None) -> Path:
+def _candidates(folder: Path, gates: Path | None = None, jit_events: Path | None = None) -> Path:
     cands = folder / "tiny_linear_relu"
     cands.mkdir(parents=True)
     for name in ("py_honest.py", "py_wrong_shape.py"):
         shutil.copyfile(SOURCES / name, cands / name)
+    if jit_events:  # a Triton-like candidate (faked on the CPU): warmed up where it is built
+        fake = (FIXTURES / "candidates_warmup" / "fake_triton.py").read_text()
+        (cands / "fake_triton.py").write_text(fake.replace("__EVENTS__", str(jit_events)).replace("__MODE__", "honest"))
     if gates:
         (cands / "py_gated.py").write_text(GATED.format(gates=str(gates)) + (SOURCES / "py_honest.py").read_text())
     return folder
@@ -311,15 +314,21 @@ def test_builds_travel_to_the_judge_node_and_a_lost_node_costs_only_its_work(clu
     judge_cache = cluster.start("judge1", {"judge": 1})
     driver_cache = tmp_path / "driver-cache"  # no node's: every build the judge uses has travelled
 
-    kbeval(*_args(cluster, _candidates(tmp_path / "c1"), tmp_path / "out", "placed"), cache=driver_cache)
+    events = tmp_path / "jit-events"
+    kbeval(*_args(cluster, _candidates(tmp_path / "c1", jit_events=events), tmp_path / "out", "placed"),
+           cache=driver_cache)
     verdicts = {v["candidate"]: v for v in _verdicts(tmp_path / "out" / "placed")}
-    assert sorted(verdicts) == ["py_honest", "py_wrong_shape"]
+    assert sorted(verdicts) == ["fake_triton", "py_honest", "py_wrong_shape"]
     assert verdicts["py_honest"]["correct"] and verdicts["py_wrong_shape"]["status"] == "incorrect"
     for v in verdicts.values():
         assert v["built_on"].startswith("builder1/") and v["lane"].startswith("ray:judge1/"), v
     built = {p.parent.name for p in (builder_cache / "builds").glob("*/compile.json")}
     fetched = {p.parent.name for p in (judge_cache / "builds").glob("*/compile.json")}
-    assert len(built) == 2 and fetched == built  # each build made once, then carried to the judge's cache
+    assert len(built) == 3 and fetched == built  # each build made once, then carried to the judge's cache
+    # the JIT candidate: compiled by its warm-up on the builder, its cache carried and relocated, judged from it
+    assert verdicts["fake_triton"]["correct"] and events.read_text().splitlines() == ["compile jit", "eval hit"]
+    (group,) = judge_cache.glob("builds/*/triton/FAKEKEY/__grp__relu.json")
+    assert json.loads(group.read_text())["child_paths"] == {"relu.bin": str(group.parent / "relu.bin")}
     assert not (driver_cache / "builds").exists()  # the driver keeps its keys and run seals, never a build
     log = tmp_path / "out" / "placed" / "logs" / "tiny_linear_relu" / "py_honest.eval.log"
     assert log.exists()  # logs came back as bytes into the driver's run folder
