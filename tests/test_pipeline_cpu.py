@@ -16,6 +16,11 @@ from pathlib import Path
 from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled, settled_all
 
+from kernelbench_eval.compile import compile_candidate, warm_build
+from kernelbench_eval.discover import Problem, make_candidate
+from kernelbench_eval.models import RunSettings
+from kernelbench_eval.warmup import WarmupSpec
+
 EXPECTED = {
     "cpp_honest": "ok",
     "py_honest": "ok",
@@ -366,3 +371,24 @@ def test_a_kernel_planted_in_another_builds_cache_is_never_loaded(tmp_path):
     assert verdicts["zz_victim"]["correct"], verdicts["zz_victim"]
     assert "do not match the harness's record" in proc.stdout + proc.stderr  # the plant was seen
     assert _events(events) == ["compile jit", "compile jit", "eval hit"]  # built, rebuilt, judged on its own
+
+
+def test_a_build_made_without_its_warmup_is_warmed_where_it_is_judged(tmp_path):
+    """The Ray path (a compile task holds no GPU): built without the warm-up, then `warm_build` on the judging
+    node runs it once, adds its time to the signed record, and is a no-op after that."""
+    events = tmp_path / "events"
+    cands = _jit_candidates(tmp_path / "c", events, fake_triton="honest")
+    problem = FIXTURES / "problems" / "tiny_linear_relu.py"
+    prob = Problem("tiny_linear_relu", problem, hashlib.sha256(problem.read_bytes()).hexdigest())
+    cand = make_candidate(prob, cands / "tiny_linear_relu" / "fake_triton.py")
+    warm = WarmupSpec.of(prob, RunSettings(device="cpu"))
+    cache = tmp_path / "cache"
+    built = compile_candidate(cand, "cpu", cache, tmp_path / "compile.log", 60, warm, warm_here=False)
+    assert built.record.ok and built.record.warmup_seconds is None and built.build_dir.name.endswith(warm.key())
+    assert not (built.build_dir / "triton").exists() and _events(events) == []
+    record = warm_build(cand, built.build_dir, warm, "cpu", tmp_path / "warm.log", 60)
+    assert record.ok and record.warmup_seconds >= 0.3 and record.seconds >= built.record.seconds + 0.3
+    assert warm_build(cand, built.build_dir, warm, "cpu", tmp_path / "warm.log", 60) == record  # once only
+    assert _events(events) == ["compile jit"]
+    again = compile_candidate(cand, "cpu", cache, tmp_path / "again.log", 60, warm)
+    assert again.cached and again.record == record  # signed as warmed

@@ -160,12 +160,8 @@ exec {real} "$@"
 """
 
 
-@pytest.mark.gpu
-@needs_cuda
-def test_triton_kernels_compile_in_the_build_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every kernel compile (a ptxas run, seen through a wrapper that answers version probes as ptxas does) runs
-    in a build worker; each build's own Triton cache holds its kernel (the warm-up's time in its record); a
-    rerun judges from the cache, compiling nothing."""
+def _watch_ptxas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Triton's ptxas behind a wrapper that lists the folder of every compile it runs; returns that list's path."""
     triton = pytest.importorskip("triton")
     real = next((p for p in Path(triton.__file__).parent.rglob("ptxas") if p.is_file()), None)
     if real is None:
@@ -174,6 +170,16 @@ def test_triton_kernels_compile_in_the_build_stage(tmp_path: Path, monkeypatch: 
     (tmp_path / "ptxas").write_text(PTXAS.format(calls=calls, real=real))
     (tmp_path / "ptxas").chmod(0o755)
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))  # workers get TRITON_* from the harness
+    return calls
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_triton_kernels_compile_in_the_build_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel compile (a ptxas run, seen through a wrapper that answers version probes as ptxas does) runs
+    in a build worker; each build's own Triton cache holds its kernel (the warm-up's time in its record); a
+    rerun judges from the cache, compiling nothing."""
+    calls = _watch_ptxas(tmp_path, monkeypatch)
     cache, cands = tmp_path / "cache", tmp_path / "candidates" / "tiny_linear_relu"
     cands.mkdir(parents=True)
     for name in ("triton_honest", "triton_wrong_mask"):
@@ -198,6 +204,32 @@ def test_triton_kernels_compile_in_the_build_stage(tmp_path: Path, monkeypatch: 
     again = read_verdicts(tmp_path / "out" / "again")
     assert again["triton_honest"]["correct"] and again["triton_honest"]["compile_cached"]
     assert calls.read_text().splitlines() == compiled_in  # judged twice, compiled once, at build time
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_triton_on_ray_is_warmed_up_on_the_judging_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--backend ray`: the compile task holds no GPU, so the lane warms the build up (in a build worker, under
+    the build's lock) before judging it; a kernel that does not compile is still a compile_error."""
+    pytest.importorskip("ray")
+    calls = _watch_ptxas(tmp_path, monkeypatch)
+    cache, cands = tmp_path / "cache", tmp_path / "candidates" / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    for name in ("triton_honest", "triton_compile_error"):
+        (cands / f"{name}.py").write_bytes((TRITON / f"{name}.py").read_bytes())
+    kbeval("run", "--backend", "ray", "--device", "cuda", "--lanes", "1", "--problems", str(FIXTURES / "problems"),
+           "--candidates", str(tmp_path / "candidates"), "--dim", "batch_size=64", "--timeout", "120", "--trials", "2",
+           "--no-compile-baseline", "--out", str(tmp_path / "out"), "--run-id", "ray", cache=cache)
+    verdicts = read_verdicts(tmp_path / "out" / "ray")
+    honest, bad = verdicts["triton_honest"], verdicts["triton_compile_error"]
+    assert honest["correct"] and honest["lane"].startswith("ray:"), honest
+    assert bad["status"] == "compile_error" and not bad["compiled"], bad
+    assert bad["error"].startswith("warm-up call on problem-shaped inputs: ")
+    compiled_in = calls.read_text().splitlines()
+    assert compiled_in and all("kbeval-compile-" in where for where in compiled_in), compiled_in
+    records = [json.loads((b / "compile.json").read_text())["record"] for b in cache.glob("builds/*-cuda-w*")]
+    (warmed,) = [r for r in records if r["ok"]]
+    assert warmed["warmup_seconds"] > 0 and honest["compile_seconds"] >= warmed["warmup_seconds"]
 
 
 def test_account_launches_fills_the_verdict(tmp_path: Path, build_cache: Path) -> None:
