@@ -243,7 +243,8 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
     """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
 
     `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
-    build's failure, named as such (`compile_error` for a kernel that does not compile, else `runtime_error`).
+    build's failure, named as such (`compile_error` for a kernel that does not compile, `load_error` for a
+    constructor that does not fit, else `runtime_error`: `worker.op_warmup`).
     """
     started = time.perf_counter()
     warmup_seconds = None
