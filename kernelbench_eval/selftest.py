@@ -46,6 +46,8 @@ class Summary:
     not_ok: int
     excluded: int
     allowed: int  # intervals excluding 1 that chance explains (binomial bound at FALSE_ALARM)
+    device_name: str | None = None  # where it was measured: a self-test's figures mean nothing without it
+    torch_version: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -53,7 +55,8 @@ class Summary:
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "not_ok": self.not_ok, "excluded": self.excluded, "allowed": self.allowed,
-                "confidence": CONFIDENCE, "rows": [asdict(r) for r in self.rows]}
+                "confidence": CONFIDENCE, "device_name": self.device_name, "torch_version": self.torch_version,
+                "rows": [asdict(r) for r in self.rows]}
 
 
 def copy_source(problem_source: str) -> str:
@@ -109,8 +112,10 @@ def row_of(verdict: Verdict) -> Row:
 def summarize(verdicts: list[Verdict]) -> Summary:
     rows = [row_of(v) for v in verdicts]
     timed = [r for r in rows if r.ci]
+    first = verdicts[0] if verdicts else None
     return Summary(rows=rows, not_ok=sum(r.status != "ok" for r in rows), excluded=sum(r.excludes_one for r in rows),
-                   allowed=allowed_exclusions(len(timed)))
+                   allowed=allowed_exclusions(len(timed)), device_name=first.device_name if first else None,
+                   torch_version=first.torch_version if first else None)
 
 
 def selftest(problems_dir: Path, settings: RunSettings, only: list[str] | None = None, results_dir: Path | None = None,
