@@ -50,6 +50,7 @@ def test_selftest_judges_every_copy_correct_with_sane_timing(tmp_path):
             assert r["resolution"] >= 1.0 and r["ref_median_ms"] > 0 and r["ref_spread"] >= 0
             assert r["excludes_one"] == (not low <= 1.0 <= high)
     assert result["passed"] == (result["not_ok"] == 0 and result["excluded"] <= result["allowed"])
+    assert result["device_name"] and result["torch_version"] == torch.__version__  # what the figures were taken on
     assert (proc.returncode == 0) == result["passed"]
 
 
