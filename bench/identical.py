@@ -311,7 +311,7 @@ def main() -> None:
     parser.add_argument("--no-seeds", action="store_true", help="only the small kernels")
     parser.add_argument("--no-small", action="store_true", help="only the seed corpus")
     parser.add_argument("--timing-budget", help="kbeval's --timing-budget (default: kbeval's)")
-    parser.add_argument("--deadline", type=float, default=330, help="seconds before the run is stopped (default 330)")
+    parser.add_argument("--deadline", type=float, default=320, help="seconds before the run is stopped (default 320)")
     parser.add_argument("--out-md", type=Path, help="Markdown file to (re)write the section in "
                                                     "(default: docs/benchmarks.md; a dry run: none)")
     parser.add_argument("--section", help="section title (default: by device)")

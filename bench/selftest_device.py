@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--problems", type=Path, default=REPO / "problems")
     parser.add_argument("--problem", action="append", default=[], help="only these problems (repeatable)")
     parser.add_argument("--timing-budget", help="kbeval's --timing-budget (default: kbeval's)")
-    parser.add_argument("--deadline", type=float, default=200, help="seconds before it is stopped (default 200)")
+    parser.add_argument("--deadline", type=float, default=180, help="seconds before it is stopped (default 180)")
     parser.add_argument("--out-md", type=Path, help="Markdown file to (re)write the section in "
                                                     "(default: docs/benchmarks.md; a dry run: none)")
     parser.add_argument("--section", help="section title (default: by device)")
