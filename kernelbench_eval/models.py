@@ -14,17 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Status = Literal[
-    "ok",
-    "incorrect",
-    "compile_error",
-    "load_error",
-    "runtime_error",
-    "suspicious",
-    "timeout",
-    "crashed",
-    "skipped",
-]
+from kernelbench_eval.statuses import Status
+
 Device = Literal["cpu", "cuda"]
 
 
