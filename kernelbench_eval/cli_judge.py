@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from kernelbench_eval import gpus as gpu_list
 from kernelbench_eval import options as opt
 from kernelbench_eval.cli_output import console, err, usage_error, warn
 from kernelbench_eval.discover import Discovery, Problem, make_candidate, sha256_file
@@ -57,7 +58,7 @@ def run_cmd(
                   soft_wrap=True)
     opts = RunOptions(problems_dir=problems, candidates_dir=candidates, results_dir=out, settings=settings,
                       run_id=run_id, resume=resume, jobs=jobs, only=problem, **judging.run_fields(),
-                      gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None, lanes=lanes,
+                      gpus=gpu_list.parse(gpus) or None, lanes=lanes,
                       backend=backend, ray_address=address, ray_build_resource=ray_build_resource,
                       ray_judge_resource=ray_judge_resource)
     try:
