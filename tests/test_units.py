@@ -271,3 +271,24 @@ def test_proc_reads_this_process():
     assert 0 < start < end
     assert set(linux.open_fds()) >= {0, 1, 2}
     assert linux.exists(os.getpid())
+
+
+def test_a_process_carrying_a_worker_token_is_found_and_killed():
+    import subprocess
+    import sys
+
+    from kernelbench_eval.forkclient import TOKEN_VAR
+    from kernelbench_eval.process import _kill_marked
+
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={TOKEN_VAR: "unit-test-token", "PATH": "/usr/bin:/bin"})
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 env={TOKEN_VAR: "another-token", "PATH": "/usr/bin:/bin"})
+    try:
+        _kill_marked("unit-test-token")
+        assert stray.wait(timeout=10) == -9
+        assert bystander.poll() is None
+    finally:
+        stray.kill()
+        bystander.kill()
+        bystander.wait()
