@@ -14,7 +14,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernelbench_eval.discover import find_problems
+from kernelbench_eval.discover import Candidate, Discovery, Problem, make_candidate
+from kernelbench_eval.formatting import number
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, run
 
@@ -64,16 +65,17 @@ def copy_source(problem_source: str) -> str:
     return problem_source.rstrip("\n") + "\n\n\nclass ModelNew(Model):\n    pass\n"
 
 
-def write_copies(problems_dir: Path, candidates_dir: Path, only: list[str] | None = None) -> list[str]:
-    """Write `candidates_dir/<problem>/selftest_copy.py` for each problem; returns the problem ids."""
-    warnings: list[str] = []
-    problems = find_problems(problems_dir, warnings)
-    ids = [pid for pid in sorted(problems) if not only or pid in only]
-    for pid in ids:
+def write_copies(problems: dict[str, Problem], candidates_dir: Path, only: list[str] | None = None
+                 ) -> list[Candidate]:
+    """Write `candidates_dir/<problem>/selftest_copy.py` for each problem (all, or those in `only`)."""
+    copies = []
+    for pid in sorted(pid for pid in problems if not only or pid in only):
         folder = candidates_dir / pid
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{CANDIDATE_ID}.py").write_text(copy_source(problems[pid].path.read_text()))
-    return ids
+        path = folder / f"{CANDIDATE_ID}.py"
+        path.write_text(copy_source(problems[pid].path.read_text()))
+        copies.append(make_candidate(problems[pid], path))
+    return copies
 
 
 def resolution(ci: tuple[float, float] | None) -> float | None:
@@ -118,22 +120,23 @@ def summarize(verdicts: list[Verdict]) -> Summary:
                    torch_version=first.torch_version if first else None)
 
 
-def selftest(problems_dir: Path, settings: RunSettings, only: list[str] | None = None, results_dir: Path | None = None,
-             **options: object) -> Summary:
-    """Judge an identical copy of each problem's reference through `pipeline.run`."""
+def selftest(problems_dir: Path, problems: dict[str, Problem], settings: RunSettings, only: list[str] | None = None,
+             results_dir: Path | None = None, **options: object) -> Summary:
+    """Judge an identical copy of each problem's reference through `pipeline.run`.
+
+    `problems` is what the caller found in `problems_dir`: the copies are paired with them here, so the run
+    discovers nothing again.
+    """
     with tempfile.TemporaryDirectory(prefix="kbeval-selftest-") as tmp:
         candidates = Path(tmp) / "candidates"
-        ids = write_copies(problems_dir, candidates, only)
-        if not ids:
+        copies = write_copies(problems, candidates, only)
+        if not copies:
             raise FileNotFoundError(f"{problems_dir}: no problems to self-test")
+        ids = [c.problem_id for c in copies]
         opts = RunOptions(problems_dir=problems_dir, candidates_dir=candidates, settings=settings,
                           results_dir=results_dir or Path(tmp) / "results", only=ids, lanes=1, **options)
-        result = run(opts)
+        result = run(opts, found=Discovery(problems=problems, candidates=copies, warnings=[]))
     return summarize([v for v in result.verdicts if v.candidate == CANDIDATE_ID])
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 def lines(summary: Summary) -> list[str]:
@@ -143,9 +146,9 @@ def lines(summary: Summary) -> list[str]:
     for r in summary.rows:
         ci = f"[{r.ci[0]:.3f}, {r.ci[1]:.3f}]" if r.ci else "-"
         mark = " *" if r.excludes_one else ""
-        out.append(f"{r.problem[:40]:40} {r.status:11} {_num(r.speedup, '.3f'):>8} {ci:>16} "
-                   f"{_num(r.ref_median_ms, '.4g'):>9} {_num(r.ref_spread, '.1%'):>7} "
-                   f"{_num(r.resolution, '.3f'):>8}{mark}")
+        out.append(f"{r.problem[:40]:40} {r.status:11} {number(r.speedup, '.3f', missing='-'):>8} {ci:>16} "
+                   f"{number(r.ref_median_ms, '.4g', missing='-'):>9} {number(r.ref_spread, '.1%', missing='-'):>7} "
+                   f"{number(r.resolution, '.3f', missing='-'):>8}{mark}")
         for note in (r.error, r.problem_warning):
             if note:
                 out.append(f"    {note}")
