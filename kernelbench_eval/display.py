@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelbench_eval import statuses
+from kernelbench_eval.formatting import number, runtime, speedup_with_interval
 from kernelbench_eval.models import Verdict
-from kernelbench_eval.record import format_runtime
-
-STATUS_STYLE = {
-    "ok": "green",
-    "suspicious": "bold yellow",
-    "incorrect": "red",
-    "compile_error": "magenta",
-    "load_error": "magenta",
-    "runtime_error": "red",
-    "timeout": "yellow",
-    "crashed": "bold red",
-    "skipped": "dim",
-}
 
 
 def verdict_table(verdicts: list[Verdict], title: str = "Verdicts", width: int | None = None) -> Table:
@@ -39,15 +27,15 @@ def verdict_table(verdicts: list[Verdict], title: str = "Verdicts", width: int |
         table.add_column(col, justify=justify, overflow="ellipsis" if narrow else "fold", no_wrap=narrow,
                          max_width=limit, ratio=1 if col == "error" and narrow else None)
     for v in sorted(verdicts, key=lambda v: (v.problem, -(v.speedup or 0), v.candidate)):
-        style = STATUS_STYLE.get(v.status, "")
+        style = statuses.style(v.status)
         cells = {
             "problem": v.problem,
             "candidate": v.candidate,
             "status": f"[{style}]{v.status}[/]",
-            "runtime ms": format_runtime(v.runtime_ms),
-            "ref ms": format_runtime(v.ref_runtime_ms) if v.ref_runtime_ms is not None else "",
-            "speedup": f"{v.speedup:.2f}x" if v.speedup is not None else "",
-            "max |diff|": f"{v.max_abs_diff:.2g}" if v.max_abs_diff is not None else "",
+            "runtime ms": runtime(v.runtime_ms),
+            "ref ms": runtime(v.ref_runtime_ms) if v.ref_runtime_ms is not None else "",
+            "speedup": number(v.speedup, ".2f", "x"),
+            "max |diff|": number(v.max_abs_diff, ".2g"),
             "error": escape(" ".join((v.error or "").split()) if narrow else (v.error or "")[:160]),
         }
         table.add_row(*(cells[col] for col, _, _ in _columns(narrow)))
@@ -68,15 +56,15 @@ def _columns(narrow: bool) -> list[tuple[str, str, int | None]]:
 
 
 def status_counts(verdicts: list[Verdict]) -> str:
-    counts = Counter(v.status for v in verdicts)
-    return ", ".join(f"[{STATUS_STYLE.get(s, '')}]{n} {s}[/]" for s, n in sorted(counts.items()))
+    counts = statuses.counts(v.status for v in verdicts)
+    return ", ".join(f"[{statuses.style(s)}]{n} {s}[/]" for s, n in counts.items())
 
 
 def print_verdict_detail(console: Console, verdict: Verdict) -> None:
     """The single-candidate view of `kbeval eval`: the seeds' two lines, then what a person needs next."""
     console.print(f"Evaluation: {verdict.correct}")
-    console.print(f"Runtime: {format_runtime(verdict.runtime_ms)}")
-    style = STATUS_STYLE.get(verdict.status, "")
+    console.print(f"Runtime: {runtime(verdict.runtime_ms)}")
+    style = statuses.style(verdict.status)
     console.print(f"status: [{style}]{verdict.status}[/]  device: {verdict.device_name or verdict.device}")
     if verdict.error:
         console.print(f"error: {verdict.error}", markup=False)
@@ -84,8 +72,9 @@ def print_verdict_detail(console: Console, verdict: Verdict) -> None:
         s, r = verdict.runtime_stats, verdict.ref_runtime_stats
         console.print(f"candidate {s.median_ms:.4g} ms (IQR {s.iqr_ms:.2g}, {s.calls} calls), "
                       f"reference {r.median_ms:.4g} ms, interleaved")
-        console.print(f"speedup vs eager {_speedup(verdict.speedup_vs_eager, verdict.speedup_vs_eager_ci)}, "
-                      f"vs torch.compile {_speedup(verdict.speedup_vs_compile, verdict.speedup_vs_compile_ci)}")
+        eager = speedup_with_interval(verdict.speedup_vs_eager, verdict.speedup_vs_eager_ci)
+        compiled = speedup_with_interval(verdict.speedup_vs_compile, verdict.speedup_vs_compile_ci)
+        console.print(f"speedup vs eager {eager}, vs torch.compile {compiled}")
     if verdict.max_abs_diff is not None:
         console.print(f"max |diff| {verdict.max_abs_diff:.3g}, mean |diff| {verdict.mean_abs_diff:.3g}, "
                       f"trials passed {verdict.trials_passed}/{verdict.trials}")
@@ -100,8 +89,3 @@ def print_log_tail(console: Console, log: Path, lines: int = 20) -> None:
     for line in tail:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
 
-
-def _speedup(value: float | None, interval: tuple[float, float] | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3g}x" + (f" (95% CI {interval[0]:.3g}-{interval[1]:.3g})" if interval else "")

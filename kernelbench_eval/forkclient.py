@@ -39,7 +39,6 @@ READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy
 REPLY_TIMEOUT = 30.0  # seconds for a server to answer a spawn request
 MAX_STARTS = 3  # servers started per base environment; past that, its workers start cold
 MAX_REQUEST_BYTES = 1 << 20
-_STAT_ENV_START = 47  # env_start, field 50 of /proc/<pid>/stat, counted from field 3 (after the command name)
 
 
 def enabled() -> bool:

@@ -47,12 +47,10 @@ import signal
 import socket
 import sys
 import traceback
-from pathlib import Path
 from typing import Any, NoReturn
 
 from kernelbench_eval.forkclient import (  # noqa: F401  (the harness side, re-exported)
     _SERVERS,
-    _STAT_ENV_START,
     FORK_SAFE_VARS,
     MAX_REQUEST_BYTES,
     REPLY_TIMEOUT,
@@ -68,7 +66,7 @@ from kernelbench_eval.forkclient import (  # noqa: F401  (the harness side, re-e
     spawn,
     stop_all,
 )
-from kernelbench_eval.linux import die_with_parent, keep_memory_private
+from kernelbench_eval.linux import die_with_parent, environment_block, keep_memory_private, open_fds
 
 # -- server --------------------------------------------------------------------------------------------------
 
@@ -192,15 +190,10 @@ class _Server:
 
 def _token_address() -> int | None:
     """Where this process's exec'd environment holds the placeholder token (what /proc/<pid>/environ shows)."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    start, end = int(fields[_STAT_ENV_START]), int(fields[_STAT_ENV_START + 1])
+    start, end = environment_block()
     block = b"\0" + ctypes.string_at(start, end - start)
     at = block.find(f"\0{TOKEN_VAR}={TOKEN_PLACEHOLDER}\0".encode())
     return None if at < 0 else start + at + len(TOKEN_VAR) + 1
-
-
-def _open_fds() -> list[int]:
-    return [int(name) for name in os.listdir("/proc/self/fd")]
 
 
 def serve_forever(control_fd: int, parent: int) -> None:
@@ -218,7 +211,7 @@ def serve_forever(control_fd: int, parent: int) -> None:
         if _token_address() is None:
             raise RuntimeError(f"no {TOKEN_VAR} placeholder in this process's environment block")
         control = socket.socket(fileno=control_fd)
-        import_fds = frozenset(_open_fds()) - {0, 1, 2, control_fd}
+        import_fds = frozenset(open_fds()) - {0, 1, 2, control_fd}
     except Exception as exc:
         os.write(1, f"error: {type(exc).__name__}: {exc}\n".encode())
         return
@@ -281,7 +274,7 @@ def _install_fds(fds: list[int], keep: frozenset[int]) -> int:
     os.dup2(stdin_read, 0)
     os.dup2(out_write, 1)
     os.dup2(out_write, 2)
-    for fd in _open_fds():
+    for fd in open_fds():
         if fd > 2 and fd != reply_fd and fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -10,17 +10,8 @@ from html import escape
 
 import pandas as pd
 
-STATUS_COLOURS = {
-    "ok": "#1a7f37",
-    "suspicious": "#9a6700",
-    "incorrect": "#cf222e",
-    "compile_error": "#8250df",
-    "load_error": "#8250df",
-    "runtime_error": "#cf222e",
-    "timeout": "#bf8700",
-    "crashed": "#a40e26",
-    "skipped": "#6e7781",
-}
+from kernelbench_eval import statuses
+from kernelbench_eval.formatting import number
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #1f2328; }
@@ -76,9 +67,7 @@ JS = """
 
 def _num(value: float, spec: str, suffix: str = "") -> tuple[str, str]:
     """(display text, sort key) for a number that may be missing (NaN, None, or the -1.0 'no time')."""
-    from kernelbench_eval.report import format_number  # report imports this module lazily, for to_html
-
-    text = format_number(value, spec, suffix)
+    text = number(value, spec, suffix)
     return (text, repr(float(value))) if text else ("", "")
 
 
@@ -148,8 +137,8 @@ def aggregates_html(agg: dict | None) -> str:
     if not agg:
         return ""
 
-    def fmt(value: object, spec: str = ".3g", suffix: str = "") -> str:
-        return "" if value is None else escape(f"{value:{spec}}{suffix}")
+    def fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
+        return escape(number(value, spec, suffix))
 
     geo = agg["geomean_speedup"]
     parts = [f'<p id="geomean">Geometric-mean speedup of the {geo["candidates"]} ok candidates: '
@@ -174,8 +163,8 @@ def aggregates_html(agg: dict | None) -> str:
 
 
 def render_html(df: pd.DataFrame, title: str = "kbeval report", aggregates: dict | None = None) -> str:
-    counts = df["status"].value_counts().sort_index()
-    summary = "".join(f'<span style="background:{STATUS_COLOURS.get(str(s), "#6e7781")}">{escape(str(s))}: {n}</span>'
+    counts = statuses.counts(str(s) for s in df["status"])
+    summary = "".join(f'<span style="background:{statuses.colour(s)}">{escape(s)}: {n}</span>'
                       for s, n in counts.items())
     head = ("problem", "candidate", "status", "runtime ms", "ref ms", "speedup", "max abs diff", "error", "log")
     rows: list[str] = []
@@ -183,7 +172,7 @@ def render_html(df: pd.DataFrame, title: str = "kbeval report", aggregates: dict
         status = str(r.status)
         cells = [f"<td>{escape(_text(r.problem))}</td>", f"<td>{escape(_text(r.candidate))}</td>",
                  f'<td data-sort="{escape(status)}"><span class="status" '
-                 f'style="background:{STATUS_COLOURS.get(status, "#6e7781")}">{escape(status)}</span></td>']
+                 f'style="background:{statuses.colour(status)}">{escape(status)}</span></td>']
         for value, spec, suffix in ((r.runtime_ms, ".4g", ""), (r.ref_runtime_ms, ".4g", ""),
                                     (r.speedup, ".2f", "x"), (r.max_abs_diff, ".2g", "")):
             text, sort_key = _num(value, spec, suffix)

@@ -9,13 +9,13 @@ the same class in an actor; everything they take and return pickles.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from kernelbench_eval import gpus as gpu_env
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
@@ -56,10 +56,8 @@ def lane_specs(device: str, gpus: list[str] | None, count: int | None = None) ->
     if device == "cpu":
         return [LaneSpec(f"cpu:{n}") for n in range(max(1, count or len(gpus or []) or 1))]
     if not gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else [
-            str(n) for n in range(max(1, torch.cuda.device_count()))]
-    return [LaneSpec(f"cuda:{gpu}", {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus[: count or len(gpus)]]
+        gpus = gpu_env.visible() or [str(n) for n in range(max(1, torch.cuda.device_count()))]
+    return [LaneSpec(f"cuda:{gpu}", gpu_env.pinned_to(gpu)) for gpu in gpus[: count or len(gpus)]]
 
 
 class EvalLane:

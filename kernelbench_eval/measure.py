@@ -1,26 +1,27 @@
-"""Stage 4, the harness side of timing: interleaved lanes, a stopping rule, and clocks no candidate can reach.
+"""Stage 4, the harness side of timing: models timed interleaved, a stopping rule, and clocks no candidate
+can reach.
 
-Each lane is a worker holding one model (the reference, its torch.compile, or a candidate). Blocks of
-calls alternate between lanes (ABBA order), all on the same schedule of rotating inputs, so clock drift
-and thermal state hit every lane alike. Measurement stops when every lane's median is stable (relative
-standard error under the target) after the minimum number of calls, or when the time budget or the call
-cap is reached. Every block is also timed by the harness's own clock, for the cross-check in `suspect`.
+Each `TimedModel` is one model in its worker (the reference, its torch.compile, or a candidate). Blocks of
+calls alternate between them (ABBA order), all on the same schedule of rotating inputs, so clock drift
+and thermal state hit every one alike. Measurement stops when every median is stable (relative standard
+error under the target) after the minimum number of calls, or when the time budget or the call cap is
+reached. Every block is also timed by the harness's own clock, for the cross-checks in `plausibility`.
+(Not to be confused with an evaluation lane, `lanes.py`: one GPU judging one candidate at a time.)
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import statistics
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from kernelbench_eval import gpus, linux
 from kernelbench_eval.models import RunSettings, Slot, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerProcess
-from kernelbench_eval.stats import rse_of_median
+from kernelbench_eval.stats import Samples
 
 # OpenMP threads that spin while waiting at a barrier turn host load into huge, bimodal call times: when
 # another process holds a core, a 0.07 ms call waits for a whole scheduler slice (measured: tiny SDPA, 2
@@ -41,39 +42,45 @@ quiet_openmp()
 
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10
-CPU_BLOCK_CALLS = 1  # on the CPU, lanes alternate call by call: host load changes within a 10-call block
+CPU_BLOCK_CALLS = 1  # on the CPU, the models alternate call by call: host load changes within a 10-call block
 KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
 SCALE_RANGE = (0.75, 1.25)
 
 
 @dataclass
-class Lane:
+class TimedModel:
+    """One model as it is timed: its worker, its per-call samples, and the harness's own clocks on it."""
+
     worker: WorkerProcess
-    model: str = "main"  # which of the worker's models this lane times ("compiled": the torch.compile baseline)
+    model: str = "main"  # which of the worker's models is timed ("compiled": the torch.compile baseline)
     # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
     # (so computing them only then is caught by the clock check), the reference does the same copies.
     follow: Callable[[list[Call]], None] | None = None
     layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
-    event_ms: list[float] = field(default_factory=list)
-    device_ms: list[float] = field(default_factory=list)
+    event_ms: Samples = field(default_factory=Samples)
+    device_ms: Samples = field(default_factory=Samples)
     wall_ms: float = 0.0
-    block_gaps: list[float] = field(default_factory=list)  # per block: wall per call minus reported per call
+    block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
 
     def cores_used(self) -> float:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
 
+    def __post_init__(self) -> None:
+        self.event_ms, self.device_ms, self.block_gaps = (Samples(x) for x in (self.event_ms, self.device_ms,
+                                                                              self.block_gaps))
+
     def median(self) -> float:
-        return statistics.median(self.event_ms)
+        return self.event_ms.median()
 
     def wall_per_call(self) -> float:
         return self.wall_ms / len(self.event_ms)
 
     def unexplained(self) -> float:
-        """Wall time per call not covered by the device-wide times this lane reported (median over blocks,
+        """Wall time per call not covered by the device-wide times this model reported (median over blocks,
         so one block slowed by a garbage collection or a preemption does not decide)."""
-        return statistics.median(self.block_gaps)
+        return self.block_gaps.median()
 
     def add_block(self, reply: WorkerReply, wall_ms: float) -> None:
         self.wall_ms += wall_ms
@@ -83,18 +90,18 @@ class Lane:
             self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
         self.graph_error = self.graph_error or reply.graph_error
 
-    def paired_gaps(self, other: Lane) -> list[float]:
-        """Per block, this lane's unexplained wall time per call minus `other`'s in the same block: the two
+    def paired_gaps(self, other: TimedModel) -> Samples:
+        """Per block, this model's unexplained wall time per call minus `other`'s in the same block: the two
         ran back to back, so host load that hit the block hit both, and cancels."""
-        return [mine - theirs for mine, theirs in zip(self.block_gaps, other.block_gaps, strict=False)]
+        return Samples(mine - theirs for mine, theirs in zip(self.block_gaps, other.block_gaps, strict=False))
 
     def device_tail(self) -> float:
-        return statistics.median(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True))
+        return Samples(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True)).median()
 
 
 @dataclass
 class Measurement:
-    lanes: list[Lane]
+    timed: list[TimedModel]
     blocks: int
     seconds: float
     last_schedule: list[Call]
@@ -113,15 +120,15 @@ def block_calls(output_bytes: int) -> int:
     return max(1, min(BLOCK_CALLS, KEPT_BYTES // max(output_bytes, 1)))
 
 
-def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, deadline: Deadline,
+def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettings, deadline: Deadline,
             calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
             ) -> Measurement:
-    """Time every lane, block by block in alternating order, until the stopping rule is met."""
+    """Time every model, block by block in alternating order, until the stopping rule is met."""
     rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
     if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
         calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
-    for lane in lanes:
-        _request(lane, WorkerRequest(op="time", input_sets=input_sets, model=lane.model,
+    for one in timed:
+        _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
                                      warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
                                      graph=settings.cuda_graph), deadline)
     started = time.monotonic()
@@ -129,51 +136,46 @@ def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, dea
     while True:
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
-        for lane in lanes if blocks % 2 == 0 else lanes[::-1]:
-            req = WorkerRequest(op="time", input_sets=input_sets, model=lane.model, schedule=schedule,
-                                graph=settings.cuda_graph, layout=lane.layout)
-            cpu_before = process_cpu_ms(lane.worker)
+        for one in timed if blocks % 2 == 0 else timed[::-1]:
+            req = WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=schedule,
+                                graph=settings.cuda_graph, layout=one.layout)
+            cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
-            reply = _request(lane, req, deadline)
-            if lane.follow:
-                lane.follow(schedule)
-            lane.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
-            lane.cpu_ms += process_cpu_ms(lane.worker) - cpu_before
+            reply = _request(one, req, deadline)
+            if one.follow:
+                one.follow(schedule)
+            one.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
+            one.cpu_ms += process_cpu_ms(one.worker) - cpu_before
         if after_block:
             after_block(blocks, schedule)
         blocks += 1
-        if _done(lanes, settings, time.monotonic() - started):
-            return Measurement(lanes, blocks, time.monotonic() - started, schedule)
+        if _done(timed, settings, time.monotonic() - started):
+            return Measurement(timed, blocks, time.monotonic() - started, schedule)
 
 
-def _done(lanes: list[Lane], settings: RunSettings, elapsed: float) -> bool:
-    calls = len(lanes[0].event_ms)
+def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> bool:
+    calls = len(timed[0].event_ms)
     if calls >= settings.max_reps:
         return True
     if elapsed >= settings.timing_budget:
         return calls >= min(settings.reps, BLOCK_CALLS)
-    return calls >= settings.reps and all(rse_of_median(lane.event_ms) <= settings.target_rse for lane in lanes)
+    return calls >= settings.reps and all(one.event_ms.rse() <= settings.target_rse for one in timed)
 
 
-def _request(lane: Lane, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
-    return lane.worker.call(req, deadline.left())
+def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
+    return one.worker.call(req, deadline.left())
 
 
 def process_cpu_ms(worker: WorkerProcess) -> float:
     """User plus system CPU time of a worker's process (all its threads), as the kernel accounts it."""
     pid = getattr(getattr(worker, "proc", None), "pid", None)
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    return linux.cpu_time_ms(pid) if pid is not None else 0.0
 
 
 def sm_clock_mhz(gpu: str | None = None) -> int | None:
     """The SM clock of `gpu` (an index or UUID, as in CUDA_VISIBLE_DEVICES) from nvidia-smi, read by the
     harness (a candidate cannot fake it)."""
-    visible = gpu or os.environ.get("CUDA_VISIBLE_DEVICES", "0")
-    index = visible.split(",")[0].strip() or "0"
+    index = (gpus.parse(gpu) or gpus.visible() or ["0"])[0]
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", index],
                              capture_output=True, text=True, timeout=10).stdout

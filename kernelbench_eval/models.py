@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Status = Literal[
-    "ok",
-    "incorrect",
-    "compile_error",
-    "load_error",
-    "runtime_error",
-    "suspicious",
-    "timeout",
-    "crashed",
-    "skipped",
-]
+from kernelbench_eval.stats import Samples
+from kernelbench_eval.statuses import Status
+
 Device = Literal["cpu", "cuda"]
 
 
@@ -41,22 +32,8 @@ class TimingStats(BaseModel):
 
     @classmethod
     def from_samples(cls, samples_ms: list[float]) -> TimingStats:
-        if not samples_ms:
-            raise ValueError("no timing samples")
-        ordered = sorted(samples_ms)
-        if len(ordered) >= 4:
-            q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-        else:
-            q1, q3 = ordered[0], ordered[-1]
-        return cls(
-            median_ms=statistics.median(ordered),
-            mean_ms=statistics.fmean(ordered),
-            std_ms=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
-            min_ms=ordered[0],
-            max_ms=ordered[-1],
-            iqr_ms=q3 - q1,
-            calls=len(ordered),
-        )
+        """The record of a `stats.Samples` summary (ValueError when there are none)."""
+        return cls(**Samples(samples_ms).summary())
 
 
 class RunSettings(BaseModel):

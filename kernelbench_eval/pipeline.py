@@ -158,7 +158,7 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
         key = manifest.settings.key()
         todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
         session = _Session(opts, recorder, manifest, found, listen, backend)
-        session.judge(todo)
+        session.judge_all(todo)
     finally:
         backend.close()
     if recorder.finalize(manifest):
@@ -211,7 +211,7 @@ class _Session:
         self.judged: dict[tuple[str, str], Verdict] = {}
         self.references = References(found.problems)  # the problems' private, verified copies
 
-    def judge(self, todo: list[Candidate]) -> None:
+    def judge_all(self, todo: list[Candidate]) -> None:
         """Every candidate is judged in its own right: identical bytes share a build, never a verdict.
 
         (A copy that inherited its twin's verdict could behave differently under its own file name.)

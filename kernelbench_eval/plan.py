@@ -19,11 +19,11 @@ from kernelbench_eval.precision import PRECISIONS, TOLERANCE_PRESETS
 from kernelbench_eval.precision import tolerance as preset_tolerance
 from kernelbench_eval.record import RunRecorder
 
-# What --smoke lowers, and the values otherwise; an option typed explicitly wins over both.
-DEFAULTS = {"trials": 5, "reps": 100, "max_reps": 2000, "warmup": 10, "warmup_seconds": 1.0, "timing_budget": 10.0,
-            "compile_baseline": True}
+# What --smoke lowers, and the values otherwise (RunSettings' own defaults); an option typed explicitly wins
+# over both.
 SMOKE = {"trials": 2, "reps": 10, "max_reps": 100, "warmup": 2, "warmup_seconds": 0.2, "timing_budget": 2.0,
          "compile_baseline": False}
+DEFAULTS = {name: RunSettings.model_fields[name].default for name in SMOKE}
 
 
 @dataclass(frozen=True)

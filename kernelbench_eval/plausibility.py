@@ -8,10 +8,10 @@ the same blocks (its CPU use, its unexplained wall time) is the noise a candidat
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
-from kernelbench_eval.measure import Lane
+from kernelbench_eval.measure import TimedModel
+from kernelbench_eval.stats import Samples
 
 CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) beyond the reference's...
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
@@ -24,20 +24,23 @@ TAIL_SLACK_SHARE = 0.1
 
 
 @dataclass
-class Judgement:
+class Assessment:
+    """What the timing of a correct candidate supports: the time we report, and why it may be doubted."""
+
     runtime_ms: float  # the time we stand behind (device-wide when work escaped the call's own events)
     reasons: list[str] = field(default_factory=list)
     speedup_trusted: bool = True
 
 
-def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: int | None = None) -> Judgement:
+def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | None, threads: int | None = None
+           ) -> Assessment:
     """The candidate's runtime and the reasons, if any, to distrust it."""
-    result = Judgement(runtime_ms=cand.median())
+    result = Assessment(runtime_ms=cand.median())
     cores, ref_cores = cand.cores_used(), ref.cores_used()
     if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
         result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
                               f"the run fixes {threads} thread(s) (--threads); the reference was held to that")
-    explained = statistics.fmean(cand.device_ms)
+    explained = cand.device_ms.mean()
     excess = cand.unexplained() - ref.unexplained()
     if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):
         result.reasons.append(
@@ -48,7 +51,7 @@ def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: i
     if device == "cuda":
         tail = cand.device_tail() - ref.device_tail()
         if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
-            result.runtime_ms = statistics.median(cand.device_ms) - ref.device_tail()
+            result.runtime_ms = cand.device_ms.median() - ref.device_tail()
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")
@@ -75,15 +78,13 @@ def significant(paired: list[float]) -> bool:
 
     Each value is one block's gap difference (candidate minus reference, run back to back). A tampered
     timer hides time in every block, so the differences sit far from 0 with a small spread; load on a busy
-    host lands on either lane at random, so their median is within a few standard errors of 0. Few blocks
+    host lands on either model at random, so their median is within a few standard errors of 0. Few blocks
     cannot show either: then the threshold alone decides, as before.
     """
     if len(paired) < 5:
         return True
-    center = statistics.median(paired)
-    mad = statistics.median(abs(x - center) for x in paired)
-    stderr = 1.2533 * 1.4826 * mad / len(paired) ** 0.5
-    return center > GAP_Z * stderr
+    gaps = Samples(paired)
+    return gaps.median() > GAP_Z * gaps.median_stderr()
 
 
 def speedup_reason(speedup: float | None, max_speedup: float, ci: tuple[float, float] | None = None) -> str | None:

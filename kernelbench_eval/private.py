@@ -19,6 +19,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernelbench_eval import linux
+
 PREFIX = "kbeval-run-"
 MODE = 0o300
 _lock = threading.Lock()
@@ -60,7 +62,7 @@ def remove_dead(base: Path) -> list[Path]:
 
 def _alive_harness(pid: int) -> bool:
     """Alive at all (a reused pid only keeps a dead run's folder a while longer: never the reverse)."""
-    return pid == os.getpid() or Path(f"/proc/{pid}").exists()
+    return pid == os.getpid() or linux.exists(pid)
 
 
 def _remove(path: Path) -> None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from kernelbench_eval import forkclient
+from kernelbench_eval import forkclient, linux
 from kernelbench_eval.forkclient import TOKEN_VAR, ForkedChild
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 
@@ -226,13 +226,8 @@ def _copy_capped(stream: object, log_path: Path) -> None:
 def _kill_marked(token: str) -> None:
     """Kill any process whose environment carries `token`: what a worker left behind outside its group."""
     needle = f"{TOKEN_VAR}={token}".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
-        except OSError:
-            continue
+    for pid, environ in linux.environments():
+        if needle in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from kernelbench_eval.formatting import runtime
 from kernelbench_eval.models import RunManifest, Verdict
 
 VERDICTS = "verdicts.jsonl"
@@ -70,15 +71,8 @@ def check_manifest(cache_dir: Path, run_dir: Path, manifest: RunManifest, proble
             raise ManifestMismatch(f"{run_dir}: --{what} {given} is not the run's {recorded}; refusing to resume")
 
 
-def format_runtime(ms: float) -> str:
-    """The seeds' `Runtime:` style: 3 significant digits, `-1.0` when there is no valid time."""
-    if ms < 0:
-        return "-1.0"
-    return f"{float(f'{ms:.3g}'):g}"
-
-
 def two_lines(verdict: Verdict) -> str:
-    return f"Evaluation: {verdict.correct}\nRuntime: {format_runtime(verdict.runtime_ms)}\n"
+    return f"Evaluation: {verdict.correct}\nRuntime: {runtime(verdict.runtime_ms)}\n"
 
 
 class RunRecorder:

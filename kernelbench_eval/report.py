@@ -16,8 +16,11 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
+from kernelbench_eval import statuses
 from kernelbench_eval.aggregates import aggregates, aggregates_text
 from kernelbench_eval.display import status_counts, verdict_table
+from kernelbench_eval.formatting import number
+from kernelbench_eval.html_report import render_html
 from kernelbench_eval.models import Verdict
 from kernelbench_eval.record import RunRecorder, write_atomic
 from kernelbench_eval.stats import FAST_P, fast_p
@@ -82,10 +85,7 @@ def fast_p_frame(verdicts: list[Verdict]) -> pd.DataFrame:
 def to_summary(verdicts: list[Verdict]) -> str:
     """`summary.json`: counts by status, fast_p, geomean speedups, pass@k per problem and per-folder aggregates,
     for dashboards that want one small file."""
-    counts: dict[str, int] = {}
-    for v in verdicts:
-        counts[v.status] = counts.get(v.status, 0) + 1
-    payload = {"candidates": len(verdicts), "statuses": dict(sorted(counts.items())),
+    payload = {"candidates": len(verdicts), "statuses": statuses.counts(v.status for v in verdicts),
                "fast_p": fast_p_frame(verdicts).to_dict(orient="records"), **aggregates(verdicts)}
     return json.dumps(payload, indent=2) + "\n"
 
@@ -151,11 +151,6 @@ def _md_cell(value: object) -> str:
             .replace("`", "\\`"))
 
 
-def format_number(value: float | None, spec: str, suffix: str = "") -> str:
-    """A number for people, or "" when it is missing (None, NaN, or the -1.0 'no time')."""
-    return "" if value is None or math.isnan(value) or value < 0 else f"{value:{spec}}{suffix}"
-
-
 def to_markdown(verdicts: list[Verdict]) -> str:
     """A GitHub-flavoured Markdown table (one line per candidate) to paste into a pull request."""
     df = leaderboard(verdicts)
@@ -164,8 +159,8 @@ def to_markdown(verdicts: list[Verdict]) -> str:
                                                                  "---"]) + "|"]
     for row in df.itertuples():
         status = f"**{row.status}**" if row.status != "ok" else "ok"
-        numbers = [format_number(row.runtime_ms, ".4g"), format_number(row.ref_runtime_ms, ".4g"),
-                   format_number(row.speedup, ".2f", "x"), format_number(row.max_abs_diff, ".2g")]
+        numbers = [number(row.runtime_ms, ".4g"), number(row.ref_runtime_ms, ".4g"), number(row.speedup, ".2f", "x"),
+                   number(row.max_abs_diff, ".2g")]
         cells = [_md_cell(row.problem), _md_cell(row.candidate), status, *numbers, _md_cell(row.error)]
         lines.append("| " + " | ".join(cells) + " |")
     fp = fast_p_frame(verdicts)
@@ -222,8 +217,6 @@ def _junit_failed(v: Verdict) -> bool:
 
 
 def to_html(verdicts: list[Verdict], title: str = "kbeval report") -> str:
-    from kernelbench_eval.html_report import render_html
-
     return render_html(leaderboard(verdicts), title=title, aggregates=aggregates(verdicts))
 
 

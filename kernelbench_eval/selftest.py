@@ -14,7 +14,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kernelbench_eval.discover import find_problems
+from kernelbench_eval.discover import Candidate, Discovery, Problem, make_candidate
+from kernelbench_eval.formatting import number
 from kernelbench_eval.models import RunSettings, Verdict
 from kernelbench_eval.pipeline import RunOptions, run
 
@@ -46,6 +47,8 @@ class Summary:
     not_ok: int
     excluded: int
     allowed: int  # intervals excluding 1 that chance explains (binomial bound at FALSE_ALARM)
+    device_name: str | None = None  # where it was measured: a self-test's figures mean nothing without it
+    torch_version: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -53,7 +56,8 @@ class Summary:
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "not_ok": self.not_ok, "excluded": self.excluded, "allowed": self.allowed,
-                "confidence": CONFIDENCE, "rows": [asdict(r) for r in self.rows]}
+                "confidence": CONFIDENCE, "device_name": self.device_name, "torch_version": self.torch_version,
+                "rows": [asdict(r) for r in self.rows]}
 
 
 def copy_source(problem_source: str) -> str:
@@ -61,16 +65,17 @@ def copy_source(problem_source: str) -> str:
     return problem_source.rstrip("\n") + "\n\n\nclass ModelNew(Model):\n    pass\n"
 
 
-def write_copies(problems_dir: Path, candidates_dir: Path, only: list[str] | None = None) -> list[str]:
-    """Write `candidates_dir/<problem>/selftest_copy.py` for each problem; returns the problem ids."""
-    warnings: list[str] = []
-    problems = find_problems(problems_dir, warnings)
-    ids = [pid for pid in sorted(problems) if not only or pid in only]
-    for pid in ids:
+def write_copies(problems: dict[str, Problem], candidates_dir: Path, only: list[str] | None = None
+                 ) -> list[Candidate]:
+    """Write `candidates_dir/<problem>/selftest_copy.py` for each problem (all, or those in `only`)."""
+    copies = []
+    for pid in sorted(pid for pid in problems if not only or pid in only):
         folder = candidates_dir / pid
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{CANDIDATE_ID}.py").write_text(copy_source(problems[pid].path.read_text()))
-    return ids
+        path = folder / f"{CANDIDATE_ID}.py"
+        path.write_text(copy_source(problems[pid].path.read_text()))
+        copies.append(make_candidate(problems[pid], path))
+    return copies
 
 
 def resolution(ci: tuple[float, float] | None) -> float | None:
@@ -109,26 +114,29 @@ def row_of(verdict: Verdict) -> Row:
 def summarize(verdicts: list[Verdict]) -> Summary:
     rows = [row_of(v) for v in verdicts]
     timed = [r for r in rows if r.ci]
+    first = verdicts[0] if verdicts else None
     return Summary(rows=rows, not_ok=sum(r.status != "ok" for r in rows), excluded=sum(r.excludes_one for r in rows),
-                   allowed=allowed_exclusions(len(timed)))
+                   allowed=allowed_exclusions(len(timed)), device_name=first.device_name if first else None,
+                   torch_version=first.torch_version if first else None)
 
 
-def selftest(problems_dir: Path, settings: RunSettings, only: list[str] | None = None, results_dir: Path | None = None,
-             **options: object) -> Summary:
-    """Judge an identical copy of each problem's reference through `pipeline.run`."""
+def selftest(problems_dir: Path, problems: dict[str, Problem], settings: RunSettings, only: list[str] | None = None,
+             results_dir: Path | None = None, **options: object) -> Summary:
+    """Judge an identical copy of each problem's reference through `pipeline.run`.
+
+    `problems` is what the caller found in `problems_dir`: the copies are paired with them here, so the run
+    discovers nothing again.
+    """
     with tempfile.TemporaryDirectory(prefix="kbeval-selftest-") as tmp:
         candidates = Path(tmp) / "candidates"
-        ids = write_copies(problems_dir, candidates, only)
-        if not ids:
+        copies = write_copies(problems, candidates, only)
+        if not copies:
             raise FileNotFoundError(f"{problems_dir}: no problems to self-test")
+        ids = [c.problem_id for c in copies]
         opts = RunOptions(problems_dir=problems_dir, candidates_dir=candidates, settings=settings,
                           results_dir=results_dir or Path(tmp) / "results", only=ids, lanes=1, **options)
-        result = run(opts)
+        result = run(opts, found=Discovery(problems=problems, candidates=copies, warnings=[]))
     return summarize([v for v in result.verdicts if v.candidate == CANDIDATE_ID])
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 def lines(summary: Summary) -> list[str]:
@@ -138,9 +146,9 @@ def lines(summary: Summary) -> list[str]:
     for r in summary.rows:
         ci = f"[{r.ci[0]:.3f}, {r.ci[1]:.3f}]" if r.ci else "-"
         mark = " *" if r.excludes_one else ""
-        out.append(f"{r.problem[:40]:40} {r.status:11} {_num(r.speedup, '.3f'):>8} {ci:>16} "
-                   f"{_num(r.ref_median_ms, '.4g'):>9} {_num(r.ref_spread, '.1%'):>7} "
-                   f"{_num(r.resolution, '.3f'):>8}{mark}")
+        out.append(f"{r.problem[:40]:40} {r.status:11} {number(r.speedup, '.3f', missing='-'):>8} {ci:>16} "
+                   f"{number(r.ref_median_ms, '.4g', missing='-'):>9} {number(r.ref_spread, '.1%', missing='-'):>7} "
+                   f"{number(r.resolution, '.3f', missing='-'):>8}{mark}")
         for note in (r.error, r.problem_warning):
             if note:
                 out.append(f"    {note}")

@@ -1,4 +1,4 @@
-"""Per-call timing, run inside a worker process next to the model it times (the harness side is `lanes`).
+"""Per-call timing, run inside a worker process next to the model it times (the harness side is `measure`).
 
 The clocks are bound when this module is imported, which the worker does before any candidate code
 runs, so a candidate that later patches `time.perf_counter_ns` does not change what we read. A candidate

@@ -70,8 +70,8 @@ class CandidateOps:
     def op_export(self, req: WorkerRequest) -> WorkerReply:
         """What the outputs of calls `calls` of the last timed block looked like (they are in the exchange).
 
-        The checker answers it too (its kept outputs are tensors): the reference lane makes the same round
-        trip inside its wall clock, so the hand-over costs both lanes alike.
+        The checker answers it too (its kept outputs are tensors): the reference makes the same round trip
+        inside its wall clock, so the hand-over costs both timed models alike.
         """
         metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in self.kept[call]] for call in req.calls]
         return WorkerReply(ok=True, metas=metas)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
+from timed import assert_timed_sanely, settled
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -15,18 +16,19 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
            "--candidates", str(FIXTURES / "candidates"), "--timeout", "60", "--out", str(tmp_path),
            "--run-id", "gpu", cache=build_cache)
     verdicts = read_verdicts(tmp_path / "gpu")
-    status = {name: v["status"] for name, v in verdicts.items()}
-    assert status["cuda_relu"] == "ok" and status["py_honest"] == "ok"
+    status = {name: settled(v["status"]) for name, v in verdicts.items()}  # ok or suspicious: timing decides
+    for name in ("cuda_relu", "py_honest", "py_mutates_input"):
+        assert_timed_sanely(verdicts[name], name)
     assert status["py_wrong_shape"] == "incorrect" and status["py_nan"] == "incorrect"
     assert status["py_empty"] == "incorrect"  # uninitialised GPU memory never holds the expected values
-    assert status["py_mutates_input"] == "ok" and verdicts["py_mutates_input"]["mutates_inputs"]
+    assert verdicts["py_mutates_input"]["mutates_inputs"]
     assert status["py_exit"] == "crashed" and status["missing_modelnew"] == "load_error"
     for name in ("cpp_honest", "cpp_wrong", "cpp_hang", "cpp_segfault"):
         assert status[name] == "skipped" and "needs cpu" in verdicts[name]["error"]
     ok = verdicts["cuda_relu"]
     assert ok["lane"].startswith("cuda:")  # judged on a GPU lane (all visible GPUs by default)
     assert ok["device"] == "cuda" and ("H100" in ok["device_name"] or "H200" in ok["device_name"])
-    assert ok["runtime_stats"]["calls"] >= 100 and ok["runtime_ms"] > 0 and ok["speedup"] > 0
+    assert ok["runtime_stats"]["calls"] >= (100 if ok["timing"]["seconds"] < 10 else 10)  # --reps, budget allowing
     timing = ok["timing"]
     assert timing["event_overhead_ms"] > 0 and timing["device_tail_ms"] is not None
     assert all(isinstance(mhz, int) and mhz > 0 for mhz in timing["sm_clock_mhz"])
@@ -66,6 +68,8 @@ def test_cuda_graph_option_end_to_end(tmp_path, build_cache):
            "--candidates", str(FIXTURES / "candidates"), "--problem", "tiny_linear_relu", "--timeout", "60",
            "--out", str(tmp_path), "--run-id", "graph", "--cuda-graph", "--no-compile-baseline", cache=build_cache)
     verdicts = read_verdicts(tmp_path / "graph")
-    assert verdicts["py_honest"]["status"] == "ok" and verdicts["py_honest"]["timing"]["cuda_graph"]
+    assert_timed_sanely(verdicts["py_honest"], "py_honest")
+    assert verdicts["py_honest"]["timing"]["cuda_graph"]
     relu = verdicts["cuda_relu"]  # launches on the legacy stream: not capturable, so timed plainly
-    assert relu["status"] == "ok" and not relu["timing"]["cuda_graph"] and relu["timing"]["graph_error"]
+    assert_timed_sanely(relu, "cuda_relu")
+    assert not relu["timing"]["cuda_graph"] and relu["timing"]["graph_error"]

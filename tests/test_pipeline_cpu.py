@@ -79,7 +79,9 @@ def test_correct_candidates_are_timed_and_others_are_not(fixture_run):
             assert v["correct"] and v["trials_passed"] == v["trials"] == 3
             assert v["runtime_ms"] > 0 and v["ref_runtime_ms"] > 0
             timing = v["timing"]
-            assert v["runtime_stats"]["calls"] == timing["reference"]["calls"] >= 100  # interleaved lanes
+            assert v["runtime_stats"]["calls"] == timing["reference"]["calls"]  # interleaved lanes
+            # --reps 100 (the default) unless the timing budget (10 s) ran out first: then at least one block
+            assert v["runtime_stats"]["calls"] >= (100 if timing["seconds"] < 10 else 10), (name, timing["seconds"])
             assert abs(v["speedup"] - v["ref_runtime_ms"] / v["runtime_ms"]) < 1e-9
             assert v["speedup_vs_eager"] == v["speedup"]
             low, high = v["speedup_vs_eager_ci"]
@@ -140,7 +142,8 @@ def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
         if cold[name]["compile_seconds"] is not None:
             assert v["compile_cached"], name
     assert {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")} == libs
-    assert warm["cpp_honest"]["compile_seconds"] < 1.0 < cold["cpp_honest"]["compile_seconds"]
+    # a look-up, not a build: faster than the cold g++ build whatever the load (no fixed limit a busy host could miss)
+    assert 0 <= warm["cpp_honest"]["compile_seconds"] < cold["cpp_honest"]["compile_seconds"]
     # the torch.compile baseline was measured once (cold run) and reused: same numbers, file untouched
     assert warm["cpp_honest"]["compile_runtime_ms"] == cold["cpp_honest"]["compile_runtime_ms"] > 0
     assert json.loads(BASELINES.read_text()) and BASELINES.stat().st_mtime_ns == baselines_mtime

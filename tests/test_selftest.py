@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from kernelbench_eval.check import degenerate_outputs
-from kernelbench_eval.measure import QUIET_OPENMP, Lane, quiet_openmp
+from kernelbench_eval.discover import find_problems
+from kernelbench_eval.measure import QUIET_OPENMP, TimedModel, quiet_openmp
 from kernelbench_eval.models import TimingStats, Verdict
-from kernelbench_eval.plausibility import judge, significant
+from kernelbench_eval.plausibility import assess, significant
 from kernelbench_eval.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
-from kernelbench_eval.stats import bootstrap_ci, speedup_ci
+from kernelbench_eval.stats import Samples, bootstrap_ci, speedup_ci
 
 FIXTURES = Path(__file__).parent / "fixtures" / "selftest_problems"
 PROBLEMS = {"argmax_rows", "hinge_loss", "masked_fill", "sdpa"}
@@ -50,12 +51,13 @@ def test_selftest_judges_every_copy_correct_with_sane_timing(tmp_path):
             assert r["resolution"] >= 1.0 and r["ref_median_ms"] > 0 and r["ref_spread"] >= 0
             assert r["excludes_one"] == (not low <= 1.0 <= high)
     assert result["passed"] == (result["not_ok"] == 0 and result["excluded"] <= result["allowed"])
+    assert result["device_name"] and result["torch_version"] == torch.__version__  # what the figures were taken on
     assert (proc.returncode == 0) == result["passed"]
 
 
 def test_copies_are_the_reference_itself(tmp_path):
-    ids = write_copies(FIXTURES, tmp_path, only=["hinge_loss"])
-    assert ids == ["hinge_loss"]
+    copies = write_copies(find_problems(FIXTURES, []), tmp_path, only=["hinge_loss"])
+    assert [c.problem_id for c in copies] == ["hinge_loss"]
     source = (tmp_path / "hinge_loss" / "selftest_copy.py").read_text()
     assert source.startswith((FIXTURES / "hinge_loss.py").read_text().rstrip("\n"))
     scope: dict = {}
@@ -154,37 +156,37 @@ def test_load_shared_by_both_lanes_cancels_in_the_paired_interval(one_thread):
 # -- plausibility rules against the reference's own blocks ------------------------------------------------
 
 
-def _lane(call_ms: float, gaps: list[float], cpu_per_wall: float = 1.0) -> Lane:
-    lane = Lane(worker=None, event_ms=[call_ms] * len(gaps), device_ms=[call_ms] * len(gaps))  # type: ignore[arg-type]
-    lane.block_gaps = list(gaps)
-    lane.wall_ms = sum(call_ms + g for g in gaps)
-    lane.cpu_ms = lane.wall_ms * cpu_per_wall
-    return lane
+def _timed(call_ms: float, gaps: list[float], cpu_per_wall: float = 1.0) -> TimedModel:
+    timed = TimedModel(worker=None, event_ms=[call_ms] * len(gaps), device_ms=[call_ms] * len(gaps))  # type: ignore[arg-type]
+    timed.block_gaps = Samples(gaps)
+    timed.wall_ms = sum(call_ms + g for g in gaps)
+    timed.cpu_ms = timed.wall_ms * cpu_per_wall
+    return timed
 
 
 def test_host_noise_in_the_gaps_is_not_a_clock_mismatch():
     rng = random.Random(4)
     noisy = [[rng.choice([0.05, 0.05, 0.05, 9.0]) for _ in range(40)] for _ in range(2)]  # bursts of 9 ms
-    ref, cand = _lane(0.07, noisy[0]), _lane(0.07, noisy[1])
+    ref, cand = _timed(0.07, noisy[0]), _timed(0.07, noisy[1])
     cand.block_gaps.sort(key=lambda g: g == 9.0)  # its bursts fall where the median looks
     assert not significant(cand.paired_gaps(ref))
-    assert not any("clock" in r for r in judge(ref, cand, "cpu", None, threads=2).reasons)
+    assert not any("clock" in r for r in assess(ref, cand, "cpu", None, threads=2).reasons)
 
 
 def test_a_timer_hiding_time_in_every_block_is_still_caught():
     rng = random.Random(5)
-    ref = _lane(0.07, [0.05 + rng.random() * 0.02 for _ in range(40)])
-    cand = _lane(0.07, [2.05 + rng.random() * 0.02 for _ in range(40)])
-    verdict = judge(ref, cand, "cpu", None, threads=2)
+    ref = _timed(0.07, [0.05 + rng.random() * 0.02 for _ in range(40)])
+    cand = _timed(0.07, [2.05 + rng.random() * 0.02 for _ in range(40)])
+    verdict = assess(ref, cand, "cpu", None, threads=2)
     assert not verdict.speedup_trusted and any("clock mismatch" in r for r in verdict.reasons)
 
 
 def test_cores_busy_like_the_reference_are_not_suspicious_but_more_are():
-    ref = _lane(1.0, [0.1] * 10, cpu_per_wall=2.7)  # a busy host's accounting, the reference alike
-    same = _lane(1.0, [0.1] * 10, cpu_per_wall=2.7)
-    assert not judge(ref, same, "cpu", None, threads=2).reasons
-    greedy = _lane(1.0, [0.1] * 10, cpu_per_wall=6.0)
-    assert any("cores busy" in r for r in judge(_lane(1.0, [0.1] * 10, 1.9), greedy, "cpu", None, 2).reasons)
+    ref = _timed(1.0, [0.1] * 10, cpu_per_wall=2.7)  # a busy host's accounting, the reference alike
+    same = _timed(1.0, [0.1] * 10, cpu_per_wall=2.7)
+    assert not assess(ref, same, "cpu", None, threads=2).reasons
+    greedy = _timed(1.0, [0.1] * 10, cpu_per_wall=6.0)
+    assert any("cores busy" in r for r in assess(_timed(1.0, [0.1] * 10, 1.9), greedy, "cpu", None, 2).reasons)
 
 
 def test_openmp_waits_passively_in_workers_unless_the_user_chose():

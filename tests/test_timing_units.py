@@ -10,10 +10,10 @@ import torch
 
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.check import degenerate_outputs
-from kernelbench_eval.measure import Lane, block_calls
+from kernelbench_eval.measure import TimedModel, block_calls
 from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
-from kernelbench_eval.plausibility import judge, speedup_reason
-from kernelbench_eval.stats import chained_speedup_ci, fast_p, rse_of_median, speedup_ci
+from kernelbench_eval.plausibility import assess, speedup_reason
+from kernelbench_eval.stats import Samples, chained_speedup_ci, fast_p, rse_of_median, speedup_ci
 from kernelbench_eval.timing import Rotation, keep, time_block
 
 
@@ -51,41 +51,41 @@ def test_fast_p_counts_correct_candidates_by_the_interval_low_end():
     assert fast_p([], 1.0) == 0.0
 
 
-def lane(event: list[float], device: list[float] | None = None, wall_per_call: float | None = None) -> Lane:
-    result = Lane(worker=None, event_ms=event, device_ms=device or list(event))  # type: ignore[arg-type]
+def timed(event: list[float], device: list[float] | None = None, wall_per_call: float | None = None) -> TimedModel:
+    result = TimedModel(worker=None, event_ms=event, device_ms=device or list(event))  # type: ignore[arg-type]
     result.wall_ms = (wall_per_call or statistics.fmean(result.device_ms) + 0.05) * len(event)
-    result.block_gaps = [result.wall_per_call() - statistics.fmean(result.device_ms)] * 5
+    result.block_gaps = Samples([result.wall_per_call() - statistics.fmean(result.device_ms)] * 5)
     return result
 
 
 def test_plausibility_accepts_an_honest_pair():
-    ref, cand = lane([2.0] * 100, wall_per_call=2.06), lane([1.0] * 100, wall_per_call=1.07)
-    verdict = judge(ref, cand, "cpu", None)
+    ref, cand = timed([2.0] * 100, wall_per_call=2.06), timed([1.0] * 100, wall_per_call=1.07)
+    verdict = assess(ref, cand, "cpu", None)
     assert verdict.reasons == [] and verdict.runtime_ms == 1.0 and verdict.speedup_trusted
 
 
 def test_plausibility_catches_a_slowed_clock():
-    ref = lane([2.0] * 100, wall_per_call=2.05)
-    cand = lane([0.1] * 100, wall_per_call=2.05)  # reports 0.1 ms, yet each call held the harness 2 ms
-    verdict = judge(ref, cand, "cpu", None)
+    ref = timed([2.0] * 100, wall_per_call=2.05)
+    cand = timed([0.1] * 100, wall_per_call=2.05)  # reports 0.1 ms, yet each call held the harness 2 ms
+    verdict = assess(ref, cand, "cpu", None)
     assert not verdict.speedup_trusted and "clock mismatch" in verdict.reasons[0]
-    short = judge(lane([0.05] * 100, wall_per_call=0.1), lane([0.002] * 100, wall_per_call=0.1), "cpu", None)
+    short = assess(timed([0.05] * 100, wall_per_call=0.1), timed([0.002] * 100, wall_per_call=0.1), "cpu", None)
     assert "clock mismatch" in short.reasons[0]  # 48 us unexplained on a 2 us claim: not noise
-    noisy_honest = judge(lane([0.03] * 100, wall_per_call=0.08), lane([0.03] * 100, wall_per_call=0.15), "cpu", None)
+    noisy_honest = assess(timed([0.03] * 100, wall_per_call=0.08), timed([0.03] * 100, wall_per_call=0.15), "cpu", None)
     assert noisy_honest.reasons == []  # 70 us of host noise on a 30 us kernel is forgiven
 
 
 def test_plausibility_times_side_stream_work_device_wide():
-    ref = lane([1.0] * 50, device=[1.01] * 50, wall_per_call=1.1)
-    cand = lane([0.01] * 50, device=[0.81] * 50, wall_per_call=0.9)  # its end event fired before its work ended
-    verdict = judge(ref, cand, "cuda", None)
+    ref = timed([1.0] * 50, device=[1.01] * 50, wall_per_call=1.1)
+    cand = timed([0.01] * 50, device=[0.81] * 50, wall_per_call=0.9)  # its end event fired before its work ended
+    verdict = assess(ref, cand, "cuda", None)
     assert any("after the call returns" in r for r in verdict.reasons)
     assert verdict.runtime_ms == pytest.approx(0.8)
 
 
 def test_plausibility_physical_floor_and_speedup_limit():
-    ref, cand = lane([1.0] * 50, wall_per_call=1.05), lane([0.01] * 50, wall_per_call=0.06)
-    assert any("physical floor" in r for r in judge(ref, cand, "cuda", floor_ms=0.02).reasons)
+    ref, cand = timed([1.0] * 50, wall_per_call=1.05), timed([0.01] * 50, wall_per_call=0.06)
+    assert any("physical floor" in r for r in assess(ref, cand, "cuda", floor_ms=0.02).reasons)
     assert speedup_reason(12.0, 10.0) and not speedup_reason(9.0, 10.0) and not speedup_reason(50.0, 0.0)
 
 

@@ -174,7 +174,8 @@ def test_forged_files_change_no_other_verdict(attack_run):
     run_dir = attack_run.run_dir
     verdicts = by_pair(run_dir)
     for (problem, name), v in verdicts.items():
-        assert v["status"] == EXPECTED[(problem, name)], (name, v["error"])
+        want = EXPECTED[(problem, name)]  # an honest ok may be suspicious on a loaded host: timing decides that
+        assert (settled(v["status"]) == settled(want)) if want == "ok" else v["status"] == want, (name, v["error"])
         if v["status"] == "suspicious":  # correct, but its time is not to be trusted: no claim on those fields
             continue
         assert v["correct"] == (v["status"] == "ok"), name
@@ -299,9 +300,14 @@ def test_run_json_keeps_no_seed(attack_run):
 
 
 def test_a_cache_of_linear_shortcuts_gains_nothing(attack_run):
-    """scale_cache answers inputs proportional to ones it saw without a matmul; no timed input ever is."""
-    verdicts = read_verdicts(attack_run.run_dir)
-    cheat, honest = verdicts["scale_cache"], verdicts["honest"]
-    assert_timed_sanely(cheat, "scale_cache")
-    assert_timed_sanely(honest, "honest")
-    assert cheat["runtime_ms"] >= 0.8 * honest["runtime_ms"], (cheat["runtime_ms"], honest["runtime_ms"])
+    """scale_cache answers inputs proportional to ones it saw without a matmul; no timed input ever is.
+
+    Counted, not timed: the candidate prints each shortcut it takes. A trial's second run sees its first run's
+    inputs again (proportional, factor 1), so up to one shortcut per trial run is expected; with timed inputs
+    that were proportional (no per-element factors) nearly every timed call would take one.
+    """
+    v = read_verdicts(attack_run.run_dir)["scale_cache"]
+    assert_timed_sanely(v, "scale_cache")
+    log = (attack_run.run_dir / v["log"]).read_text(errors="replace")
+    shortcuts = log.count("kbeval-scale-cache-shortcut")
+    assert shortcuts <= 2 * v["trials"] < v["runtime_stats"]["calls"], (shortcuts, v["runtime_stats"]["calls"])

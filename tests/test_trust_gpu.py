@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FIXTURES, kbeval
+from timed import assert_timed_sanely, settled
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -58,21 +59,27 @@ def test_run_completes_with_one_verdict_each(gpu_attack_run):
 
 def test_every_attack_gets_its_status(gpu_attack_run):
     verdicts = by_pair(gpu_attack_run[0])
-    got = {pair: v["status"] for pair, v in verdicts.items() if pair != SIDE_STREAM}
-    errors = {f"{p}/{c}": v["error"] for (p, c), v in verdicts.items() if (p, c) in EXPECTED
-              and v["status"] != EXPECTED[(p, c)]}
-    assert got == EXPECTED, errors
+    # an honest ok turned suspicious is timing's call, and test_honest_kernels_are_not_flagged's to catch;
+    # every other expectation, "suspicious" for the forged events included, is exact
+    got = {pair: settled(v["status"]) if EXPECTED.get(pair) == "ok" else v["status"]
+           for pair, v in verdicts.items() if pair != SIDE_STREAM}
+    want = {pair: settled(status) if status == "ok" else status for pair, status in EXPECTED.items()}
+    errors = {f"{p}/{c}": v["error"] for (p, c), v in verdicts.items()
+              if (p, c) in want and got[(p, c)] != want[(p, c)]}
+    assert got == want, errors
 
 
 def test_side_stream_work_is_not_free(gpu_attack_run):
     verdicts = by_pair(gpu_attack_run[0])
-    side, honest = verdicts[SIDE_STREAM], verdicts[("tiny_relu_cuda", "honest_cuda")]
-    assert honest["status"] == "ok"
+    side = verdicts[SIDE_STREAM]
     if side["status"] == "suspicious":
         assert re.search(r"stream|after the call", side["error"] or "", re.IGNORECASE), side["error"]
     else:
-        assert side["status"] == "ok", (side["status"], side["error"])
-        assert side["runtime_ms"] >= 0.8 * honest["runtime_ms"], (side["runtime_ms"], honest["runtime_ms"])
+        # timed at the kernel's real cost: its events alone would see only the launch, far below the time its
+        # input takes to read once at peak bandwidth (the floor); compared with physics, not with another
+        # candidate's timing, so no load can decide it
+        assert_timed_sanely(side, "side_stream")
+        assert side["runtime_ms"] >= side["timing"]["floor_ms"] > 0, (side["runtime_ms"], side["timing"])
 
 
 def test_faults_are_named(gpu_attack_run):
@@ -87,8 +94,7 @@ def test_faults_are_named(gpu_attack_run):
 def test_gpu_works_after_a_killed_kernel(gpu_attack_run):
     order = [(v["problem"], v["candidate"]) for v in lines(gpu_attack_run[0])]
     assert order.index(("tiny_relu_cuda", "spin_kernel")) < order.index(("tiny_relu_cuda_after", "honest_cuda2"))
-    after = by_pair(gpu_attack_run[0])[("tiny_relu_cuda_after", "honest_cuda2")]
-    assert after["status"] == "ok" and after["runtime_ms"] > 0, (after["status"], after["error"])
+    assert_timed_sanely(by_pair(gpu_attack_run[0])[("tiny_relu_cuda_after", "honest_cuda2")], "honest_cuda2")
 
 
 def test_honest_kernels_are_not_flagged(gpu_attack_run):

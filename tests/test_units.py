@@ -7,8 +7,9 @@ import torch
 
 from kernelbench_eval.check import compare_outputs
 from kernelbench_eval.discover import declared_devices, discover, source_problem
+from kernelbench_eval.formatting import runtime as format_runtime
 from kernelbench_eval.models import RunManifest, RunSettings, TensorMeta, TimingStats, Verdict
-from kernelbench_eval.record import RunRecorder, format_runtime
+from kernelbench_eval.record import RunRecorder
 
 
 def meta(t) -> TensorMeta:
@@ -177,3 +178,117 @@ def test_discover_pairs_candidates_and_reports_problems(tmp_path):
     assert found.candidates[0].invalid is None and "not UTF-8" in found.candidates[1].invalid
     assert any("already defined" in w for w in found.warnings)
     assert any("orphan" in w for w in found.warnings)
+
+
+# -- one home per idea: options, statuses, numbers, GPUs, /proc ------------------------------------------
+
+
+def _help(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from kernelbench_eval.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_run_and_eval_declare_every_shared_option_and_selftest_profile_their_share():
+    import dataclasses
+
+    from kernelbench_eval.options import JudgeOptions
+
+    flags = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(JudgeOptions)}
+    run_help, eval_help = _help("run"), _help("eval")
+    for flag in flags.values():
+        assert flag in run_help and flag in eval_help, flag
+    profile_help = _help("profile")
+    assert all(flags[n] in profile_help for n in ("device", "precision", "dim", "threads", "timeout", "cache_dir"))
+    assert "--atol" not in profile_help and "untimed calls before the profiled one" in profile_help
+    selftest_help = _help("selftest")
+    assert "also time torch.compile baselines" in selftest_help and "--precision" not in selftest_help
+
+
+def test_help_texts_show_the_defaults_and_smoke_values_that_apply():
+    import re
+
+    from kernelbench_eval.plan import DEFAULTS, SMOKE
+
+    text = " ".join(_help("run").split())
+    for name in ("trials", "reps", "max_reps", "warmup", "warmup_seconds", "timing_budget"):
+        flag = "--" + name.replace("_", "-")
+        found = re.search(re.escape(flag) + r" <\w+> [^\[]*\[default: ([\d.]+); --smoke: ([\d.]+)\]", text)
+        assert found, flag
+        assert (float(found[1]), float(found[2])) == (DEFAULTS[name], SMOKE[name]), flag
+
+
+def test_judge_options_make_the_settings_a_run_records():
+    from kernelbench_eval.options import JudgeOptions
+
+    settings = JudgeOptions(device="cpu", threads=1, smoke=True, trials=3, precision="fp16").settings([], [])
+    assert (settings.trials, settings.reps, settings.compile_baseline) == (3, 10, False)  # typed wins over smoke
+    assert (settings.precision, settings.atol) == ("fp16", 1e-2)
+    assert JudgeOptions(trials=3, smoke=True, dim=["n=2"]).typed_settings() == ["--trials", "--dim", "--smoke"]
+    with pytest.raises(ValueError, match="--tolerance"):
+        JudgeOptions(device="cpu", tolerance="loose").settings([], [])
+
+
+def test_every_status_has_one_look_and_counts_are_by_name():
+    from kernelbench_eval import statuses
+
+    assert set(statuses.LOOK) == set(statuses.STATUSES)
+    assert set(Verdict.model_fields["status"].annotation.__args__) == set(statuses.STATUSES)
+    assert statuses.counts(["ok", "timeout", "ok"]) == {"ok": 2, "timeout": 1}
+    assert statuses.colour("from_a_newer_harness") == statuses.UNKNOWN_LOOK[1]
+
+
+def test_missing_numbers_print_as_nothing_or_the_placeholder():
+    from kernelbench_eval.formatting import number
+
+    assert number(1.2345, ".2f", "x") == "1.23x"
+    assert number(None, ".2f") == number(float("nan"), ".2f") == number(-1.0, ".4g") == ""
+    assert number(None, ".3f", missing="-") == "-"
+
+
+def test_gpu_lists_parse_one_way():
+    from kernelbench_eval import gpus
+
+    assert gpus.parse(" 0, GPU-ab12 ,,") == ["0", "GPU-ab12"]
+    assert gpus.parse(None) == gpus.parse("") == []
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "1,2"}) == ["1", "2"] and gpus.visible({}) == []
+    assert gpus.visible(gpus.pinned_to("3")) == ["3"]
+
+
+def test_proc_reads_this_process():
+    import os
+
+    from kernelbench_eval import linux
+
+    spent = sum(range(2_000_000))  # some CPU time to account
+    assert spent and linux.cpu_time_ms(os.getpid()) > 0
+    assert linux.cpu_time_ms(2**22 + 1) == 0.0  # no such process (above the largest pid Linux hands out)
+    start, end = linux.environment_block()
+    assert 0 < start < end
+    assert set(linux.open_fds()) >= {0, 1, 2}
+    assert linux.exists(os.getpid())
+
+
+def test_a_process_carrying_a_worker_token_is_found_and_killed():
+    import subprocess
+    import sys
+
+    from kernelbench_eval.forkclient import TOKEN_VAR
+    from kernelbench_eval.process import _kill_marked
+
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={TOKEN_VAR: "unit-test-token", "PATH": "/usr/bin:/bin"})
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 env={TOKEN_VAR: "another-token", "PATH": "/usr/bin:/bin"})
+    try:
+        _kill_marked("unit-test-token")
+        assert stray.wait(timeout=10) == -9
+        assert bystander.poll() is None
+    finally:
+        stray.kill()
+        bystander.kill()
+        bystander.wait()

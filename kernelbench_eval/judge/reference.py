@@ -20,7 +20,7 @@ import torch
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.discover import Problem
 from kernelbench_eval.exchange import layout_bytes, output_layout
-from kernelbench_eval.measure import Deadline, Lane, block_calls, measure
+from kernelbench_eval.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.models import (
     Baseline,
     CheckResult,
@@ -202,9 +202,9 @@ class ReferenceSide:
         return baseline
 
     def _measure_alone(self, worker: WorkerProcess, deadline: Deadline) -> list[float]:
-        lane = Lane(worker)
-        measure([lane], self.timing_sets(), self.settings, deadline, self.calls_per_block())
-        return lane.event_ms
+        timed = TimedModel(worker)
+        measure([timed], self.timing_sets(), self.settings, deadline, self.calls_per_block())
+        return timed.event_ms
 
     def _measure_compiled(self, baseline: Baseline) -> None:
         """torch.compile in a worker of its own: a compiler crash or hang must not take the checker with it."""

@@ -9,15 +9,15 @@ first calls is `incorrect`, and nothing is sampled or fingerprinted that it coul
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
+from kernelbench_eval import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
-from kernelbench_eval.measure import Call, Lane, measure, sm_clock_mhz
+from kernelbench_eval.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.models import TensorMeta, Timing, TimingStats, WorkerRequest
-from kernelbench_eval.plausibility import Judgement, judge, speedup_reason
-from kernelbench_eval.stats import chained_speedup_ci, rse_of_median, speedup_ci
+from kernelbench_eval.plausibility import Assessment, assess, speedup_reason
+from kernelbench_eval.stats import Samples, chained_speedup_ci, rse_of_median, speedup_ci
 
 
 class _WrongOutput(Exception):
@@ -28,8 +28,8 @@ class _WrongOutput(Exception):
 class _Timed:
     """One interleaved measurement of the candidate against the reference."""
 
-    ref: Lane
-    cand: Lane
+    ref: TimedModel
+    cand: TimedModel
     blocks: int
     checks: int
     clocks: list[int | None]
@@ -46,7 +46,7 @@ def time_candidate(run: CandidateRun) -> None:
             timed = _measure_once(run)
             if timed is None:
                 return
-            verdict = judge(timed.ref, timed.cand, run.ref.settings.device, run.ref.floor_ms(),
+            verdict = assess(timed.ref, timed.cand, run.ref.settings.device, run.ref.floor_ms(),
                             run.ref.settings.threads)
             if verdict.speedup_trusted or attempt == 2:
                 _record(run, timed, verdict, attempt)
@@ -66,15 +66,15 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
                                       run.deadline.left()).metas
 
     def mirror(schedule: list[Call]) -> None:
-        """The reference lane makes the same round trip, so the hand-over's cost cancels in the clock check."""
+        """The reference makes the same round trip, so the hand-over's cost cancels in the clock check."""
         ref_side.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))), run.deadline.left())
 
-    ref = Lane(ref_side.worker, follow=mirror)
-    cand = Lane(run.worker, follow=hand_over, layout=layout)
+    ref = TimedModel(ref_side.worker, follow=mirror)
+    cand = TimedModel(run.worker, follow=hand_over, layout=layout)
     checked = 0
 
     def check(block: int, schedule: list[Call]) -> None:
-        """After both lanes ran the block: every call compared in full, with the candidate frozen meanwhile
+        """After both models ran the block: every call compared in full, with the candidate frozen meanwhile
         (no thread of its own can write into the exchange while the checker reads it)."""
         nonlocal checked
         started = time.perf_counter()
@@ -88,7 +88,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
             run.fail(f"block {block}, {result.error} (every timed call is checked)")
             raise _WrongOutput
 
-    gpu = ref_side.env.get("CUDA_VISIBLE_DEVICES")
+    gpu = ref_side.env.get(gpus.VISIBLE)  # the lane's GPU
     clocks = [sm_clock_mhz(gpu)] if settings.device == "cuda" else []
     started = time.monotonic()
     try:
@@ -100,7 +100,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
     return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started)
 
 
-def _record(run: CandidateRun, timed: _Timed, verdict: Judgement, attempts: int) -> None:
+def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
     speedup = ref.median() / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
     interval = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
@@ -135,5 +135,5 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Judgement, attempts: int)
 
 def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
     """Samples moved so their median is the runtime we stand behind (device-wide when work escaped)."""
-    shift = runtime_ms - statistics.median(samples)
+    shift = runtime_ms - Samples(samples).median()
     return [s + shift for s in samples] if shift else samples

@@ -1,0 +1,65 @@
+"""bench/identical.py's reading of a run: pairs of copies, their difference and mutual interval containment.
+
+Hand-made verdicts (no run, no timing): the device bench reports what these functions say, so they are
+checked here where a wrong comparison would otherwise only show up as a wrong table on the H100.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import identical  # noqa: E402
+from benchdoc import write_section  # noqa: E402
+
+
+def verdict(candidate: str, speedup: float | None, ci: tuple[float, float] | None, ms: float = 0.1,
+            status: str = "ok", problem: str = "p") -> dict:
+    return {"problem": problem, "candidate": candidate, "status": status, "error": None, "runtime_ms": ms,
+            "ref_runtime_ms": ms * (speedup or 1), "speedup_vs_eager": speedup, "speedup_vs_eager_ci": ci,
+            "timing": {"attempts": 1}}
+
+
+def test_pairs_compare_copies_and_their_intervals():
+    rows = identical.pair_rows([
+        verdict("k__a", 1.00, (0.97, 1.07)), verdict("k__b", 1.06, (1.03, 1.09)),  # 6 %, a outside b's
+        verdict("s__a", 2.0, (1.8, 2.2), ms=0.02), verdict("s__b", 2.1, (1.9, 2.3), ms=0.02),  # 5 %, both inside
+        verdict("w__a", 1.0, (0.9, 1.1)), verdict("w__b", None, None, status="suspicious"),
+        verdict("lone__a", 1.0, (0.9, 1.1)),
+    ])
+    by = {r["candidate"]: r for r in rows}
+    k = by["k"]
+    assert k["rel_diff"] == pytest.approx(0.06) and k["target"] == 0.05
+    assert not k["a_in_b"] and k["b_in_a"] and not k["met"]
+    s = by["s"]
+    assert s["target"] == 0.10 and s["a_in_b"] and s["b_in_a"] and s["met"]  # a 20 µs kernel: 10 %
+    assert "speedup" not in by["w"] and by["w"]["status"] == ["ok", "suspicious"]
+    assert by["lone"]["status"] == ["ok", "missing"]
+    lines = identical.verdict_lines(rows)
+    assert lines[0].startswith("- MISS") and "0 of 1" in lines[0]
+    assert lines[1].startswith("- PASS") and "1 of 1" in lines[1]
+    assert lines[2].startswith("- MISS") and "1 of 2" in lines[2]
+    assert "p/w (ok / suspicious)" in lines[3]
+    assert len(identical.table(rows)) == 2 + len(rows)
+
+
+def test_seed_choice_follows_seeds_md_and_the_device():
+    ok = identical.expected_ok(identical.REPO / "candidates" / "SEEDS.md")
+    assert ("71", "pytorch_mul.py") in ok and ("21", "fused_ops.py") in ok
+    assert ("45", "logsumexp_no_max.py") not in ok and ("71", "cpp_wrong_slope.py") not in ok
+    assert identical.runs_on('KBEVAL_DEVICES = ["cpu"]\ncpp_sources = ""', "cpu")
+    assert not identical.runs_on('KBEVAL_DEVICES = ["cpu"]', "cuda")
+    assert not identical.runs_on("cuda_sources = '__global__'", "cpu") and identical.runs_on("x = 1", "cpu")
+
+
+def test_write_section_replaces_only_its_own(tmp_path):
+    md = tmp_path / "b.md"
+    md.write_text("# B\n\n## One\n\nold\n\n## Two\n\nkept\n")
+    write_section(md, "## One", "## One\n\nnew\n")
+    write_section(md, "## Three", "## Three\n\nadded\n")
+    assert md.read_text() == "# B\n\n## One\n\nnew\n\n## Two\n\nkept\n\n## Three\n\nadded\n"
