@@ -29,10 +29,10 @@ from typing import Any
 TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
 TOKEN_LENGTH = 32  # secrets.token_hex(16)
 TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
-# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds) or by the
-# harness: one server serves every value. Any other variable a worker sets gets a server of its own.
+# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds: MAX_JOBS too)
+# or by the harness: one server serves every value. Any other variable a worker sets gets a server of its own.
 FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES",
-                            "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR"})
+                            "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR", "MAX_JOBS"})
 WORKER_MODULE = "kernelbench_eval.worker"
 SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
 READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy machine is slow at this)
@@ -98,9 +98,8 @@ def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
     """
     if not enabled() or len(env.get(TOKEN_VAR, "")) != TOKEN_LENGTH:
         return None
-    server_env = {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
     child_env = {k: v for k, v in env.items() if k in FORK_SAFE_VARS}
-    server = _server_for(server_env)
+    server = _server_for(_server_env(env))
     if server is None:
         return None
     stdin_read, stdin_write = os.pipe()
@@ -116,6 +115,22 @@ def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
         os.close(stdin_read)
         os.close(out_write)
     return ForkedChild(pid, conn, open(stdin_write, "wb"), open(out_read, "rb"))  # noqa: SIM115 (the worker's)
+
+
+def prestart(env: dict[str, str]) -> threading.Thread | None:
+    """Start the server for workers of environment `env` in the background; the first `spawn` for it then
+    finds it running, or waits for its start (under the same lock) instead of starting a second one."""
+    if not enabled():
+        return None
+    thread = threading.Thread(target=_server_for, args=(_server_env(env),), name="kbeval-forkserver-start",
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def _server_env(env: dict[str, str]) -> dict[str, str]:
+    """The server's environment for workers of environment `env` (the key its server is found by)."""
+    return {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
 
 
 class _SpawnRefused(OSError):

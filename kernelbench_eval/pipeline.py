@@ -31,6 +31,7 @@ from kernelbench_eval.guard import References
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import Findings, RunManifest, RunSettings, Verdict
+from kernelbench_eval.process import prestart
 from kernelbench_eval.record import RunRecorder, check_manifest, seal_manifest
 
 
@@ -147,6 +148,8 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     keep_memory_private()
     baselines.use_key_dir(opts.cache_dir)
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
+    if opts.backend == "local":
+        prestart()  # the fork server imports torch while this run discovers and looks up its caches
     backend = opts.observe(backend) if opts.observe else backend
     private.enter()  # then this process's temp files (references, workers' folders) go in a private folder
     try:
