@@ -320,7 +320,7 @@ class WorkerRequest(BaseModel):
     model: str = "main"
     init_file: str | None = None
     init_seed: int | None = None
-    device: Device | None = None
+    device: Device | None = None  # load: the model's; prepare: where the input sets are drawn (`draw_inputs`)
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
     problem: str | None = None  # warmup: the problem file whose Model/get_inputs shape the call

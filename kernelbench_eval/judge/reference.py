@@ -92,7 +92,7 @@ class ReferenceSide:
                                                                   time_limit=self.timeout))
             prepared = self.worker.call(WorkerRequest(
                 op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
-                trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds,
+                trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds, device=self.settings.device,
                 inputs_dir=str(self.workdir), precision=self.settings.precision), deadline.left())
             self.input_bytes = prepared.input_bytes
             loaded = self.worker.call(self.load_request("Model", self.problem.path), deadline.left())
