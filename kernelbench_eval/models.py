@@ -312,7 +312,7 @@ class WorkerRequest(BaseModel):
     """A command sent to a worker on its stdin, one JSON object a line."""
 
     op: Literal["import", "load", "prepare", "expect", "open_exchange", "close_exchange", "put", "attach", "take",
-                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "exit"]
+                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "park", "exit"]
     # load: module file and class to build (`model` names it in the worker: "main", or "compiled" for the
     # torch.compile baseline); prepare (reference): problem file, one input set per seed
     path: str | None = None
@@ -380,6 +380,7 @@ class WorkerReply(BaseModel):
     input_bytes: int = 0
     memory_bandwidth_gbs: float | None = None
     event_overhead_ms: float | None = None
+    memory_bytes: int | None = None  # load: the device's memory (the host's for the CPU), for the lanes' budget
     kernels: KernelCount | None = None  # profile: launch accounting
     kernel_rows: list[KernelRow] = Field(default_factory=list)  # profile: per-kernel table
     seconds: float = 0.0

@@ -38,7 +38,7 @@ from kernelbench_eval import artifacts
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import RECORD_NAME, Compiled, adopt, build_lock, compile_candidate
 from kernelbench_eval.discover import Candidate, Problem
-from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneHandle, LaneResult, LaneSpec
+from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneHandle, LaneResult, LaneSpec, Prepared
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import Baseline, CompileRecord
 from kernelbench_eval.process import PACKAGE_ROOT
@@ -166,6 +166,7 @@ class _RemoteLane:
     def __init__(self, backend: RayBackend, make: Callable[[], ray.actor.ActorHandle], baselines: Path) -> None:
         self.backend, self.make, self.baselines = backend, make, baselines
         self.actor = make()
+        self.held: list[str] = []  # the problem its actor judged last (its reference is open there)
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         job = {"problem": problem, "problem_source": self.backend.source(problem.path), "file": path.name,
@@ -175,11 +176,20 @@ class _RemoteLane:
             reply = self._call(job)
         finally:
             self.backend.release(compiled.build_dir.name)
+        self.held = [problem.problem_id]
         _write(log, reply["log"])
         _write(ref_log, reply["ref_log"])
         if reply["baseline"]:  # measured (or read) in the lane's copy: the driver's file is the run's
             BaselineStore(self.baselines).put(Baseline.model_validate(reply["baseline"]))
         return reply["result"]
+
+    def prepare(self, problem: Problem, ref_log: Path) -> Prepared | None:
+        """Nothing ahead of time: the actor opens a problem with its first candidate (a reference opened early
+        there would need its log and baselines shipped back on a call of their own)."""
+        return None
+
+    def holds(self) -> list[str]:
+        return self.held
 
     def _call(self, job: dict) -> dict:
         for wait in LANE_WAITS:

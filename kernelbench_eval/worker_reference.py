@@ -74,6 +74,14 @@ class ReferenceOps:
         warning = degenerate_outputs(self.expected[0], self.atol, self.rtol) if self.expected else None
         return WorkerReply(ok=True, expected=self.expected_metas, warning=warning)
 
+    def op_park(self, req: WorkerRequest) -> WorkerReply:
+        """Another problem's candidates are judged on this lane meanwhile: free what only a timing needed (the
+        last block's outputs, the allocator's cached blocks); the input sets and expected outputs stay."""
+        self.kept = []
+        if self.device == "cuda":
+            _torch().cuda.empty_cache()
+        return WorkerReply(ok=True)
+
     def op_open_exchange(self, req: WorkerRequest) -> WorkerReply:
         self.op_close_exchange(req)
         self.exchange = Exchange.create(self.device, req.size, req.shm_dir, prefer_ipc=req.name != "shm")
