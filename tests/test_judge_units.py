@@ -165,3 +165,41 @@ def test_input_sets_fall_back_to_the_cpu_from_the_same_seed(device: str):
         assert all(x.device.type == "cpu" for x in first), get_inputs.__name__
         torch.manual_seed(1234)
         assert torch.equal(first[0], get_inputs()[0]) and torch.equal(first[0], again[0])
+
+
+def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: Path):
+    """Real checkers: a problem prepared ahead of its candidates is reused by them (same checker process), and
+    the other open one is parked meanwhile (its checker stays up, holding its sets)."""
+    from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneSpec
+
+    problems = []
+    for name in ("masked", "masked_too"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(PROBLEM)
+        problems.append(Problem(name, path, sha256_file(path)))
+    settings = RunSettings(device="cpu", trials=1, reps=10, timing_budget=1.0, warmup=1, compile_baseline=False,
+                           max_speedup=0, threads=1)
+    lane = EvalLane(LaneSpec("cpu:0"), LaneConfig(settings, tmp_path / "baselines.json", 60, 60))
+    candidate = tmp_path / "honest.py"
+    candidate.write_text(HONEST)
+    build = compile_candidate(make_candidate(problems[0], candidate), "cpu", tmp_path / "cache", tmp_path / "c.log",
+                              120)
+    try:
+        for problem in problems:
+            lane.prepare(problem, tmp_path / f"{problem.problem_id}.log")
+        assert lane.holds() == ["masked_too", "masked"]
+        first = lane.refs["masked"]
+        assert first.worker is not None and first.memory_bytes and first.footprint() > 0
+        pid = first.worker.proc.pid
+        result = lane.evaluate(problems[0], candidate, build, tmp_path / "ref.log", tmp_path / "honest.log")
+        assert result.findings.correct, result.findings.error
+        assert lane.refs["masked"].worker.proc.pid == pid  # the prepared checker judged it: not opened again
+        assert lane.refs["masked_too"].parked and not lane.refs["masked"].parked
+        assert lane.holds() == ["masked", "masked_too"]
+        parked_pid = lane.refs["masked_too"].worker.proc.pid
+        again = lane.evaluate(problems[1], candidate, build, tmp_path / "ref.log", tmp_path / "honest2.log")
+        assert again.findings.correct, again.findings.error  # a parked checker still has its sets and outputs
+        assert lane.refs["masked_too"].worker.proc.pid == parked_pid and lane.refs["masked"].parked
+    finally:
+        lane.close()
+    assert lane.holds() == [] and not first.workdir.exists()
