@@ -236,6 +236,7 @@ _KEEPER = _Keeper()
 _LOCK = threading.Lock()
 _SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _STARTS: dict[tuple[tuple[str, str], ...], int] = {}
+_STARTING: set[ForkServer] = set()  # servers importing torch now (under _LOCK)
 
 
 def _server_for(env: dict[str, str]) -> ForkServer | None:
@@ -254,11 +255,14 @@ def _server_for(env: dict[str, str]) -> ForkServer | None:
             atexit.register(stop_all)
         _STARTS[key] = _STARTS.get(key, 0) + 1
         server = ForkServer(env)
+        _STARTING.add(server)
         try:
             server.start()
         except (OSError, RuntimeError, ValueError):
             server.stop()
             return None
+        finally:
+            _STARTING.discard(server)
         _SERVERS[key] = server
         return server
 
@@ -275,7 +279,11 @@ def _drop_server(server: ForkServer, exc: BaseException) -> None:
 
 
 def stop_all() -> None:
-    """Stop every server (at exit; their children die with them)."""
+    """Stop every server (at exit; their children die with them). One still starting (a harness that ends
+    early, on a usage error, say) is killed at once, not waited for: its start then fails, freeing the lock."""
+    for server in list(_STARTING):
+        with contextlib.suppress(OSError, AttributeError):
+            server.proc.kill()  # type: ignore[union-attr]  (None before its Popen: then it is waited for)
     with _LOCK:
         servers = list(_SERVERS.values())
         _SERVERS.clear()
