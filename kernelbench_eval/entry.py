@@ -46,9 +46,13 @@ def leave(code: object) -> None:
     elif not isinstance(code, int):  # sys.exit("message"), as the interpreter reports it
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter runs first at exit: threading's
+    if shutdown is not None:  # own exit hooks (thread pools), then every non-daemon thread joined
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -341,3 +341,25 @@ def test_a_run_starts_its_fork_server_first_and_only_once(tmp_path: Path) -> Non
     counted = json.loads(report.read_text())
     assert counted["starts"] == ["kbeval-forkserver-start"]  # once, and by the prestart, not by a first worker
     assert len(counted["spawns"]) >= 5 and set(counted["spawns"]) == {"ForkedChild"}  # 2 compiles, ref, 2 cands
+
+
+@pytest.mark.parametrize(("code", "status", "said"), [("None", 0, ""), ("3", 3, ""), ("'bye'", 1, "bye")])
+def test_kbeval_leaves_as_an_interpreter_would(tmp_path: Path, code: str, status: int, said: str) -> None:
+    """`entry.leave` skips the interpreter's teardown only: threads are joined (a thread pool never shut down
+    included), atexit handlers run and output is flushed first, and the exit status is what sys.exit gives."""
+    script = f"""
+import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from kernelbench_eval.entry import leave
+out = Path({str(tmp_path)!r})
+ThreadPoolExecutor(2).submit(lambda: None).result()
+threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("joined"))).start()
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+sys.stdout.write("buffered")
+leave({code})
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == status and proc.stdout == "buffered" and proc.stderr.strip() == said
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
