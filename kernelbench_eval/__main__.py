@@ -1,3 +1,3 @@
-from kernelbench_eval.cli import app
+from kernelbench_eval.entry import main
 
-app(prog_name="kbeval")
+main()

@@ -109,15 +109,18 @@ class _Tally:
     def add(self, start: int, exp: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> None:
         diff = (out - exp).abs_()
         chunk_max, where = diff.max(dim=0)  # NaN propagates, so a finite max means an all-finite chunk
-        bad = (diff > exp.abs().mul_(rtol).add_(atol)).sum()
         total = diff.sum(dtype=torch.float64)
-        # one transfer (one synchronisation) for the chunk's four numbers
-        chunk_max_f, where_i, bad_i, total_f = torch.stack(
-            [chunk_max.double(), where.double(), bad.double(), total]).tolist()
+        # one transfer (one synchronisation) for the chunk's three numbers
+        chunk_max_f, where_i, total_f = torch.stack([chunk_max.double(), where.double(), total]).tolist()
         if not math.isfinite(chunk_max_f):
             self._add_special(start, exp.double(), out.double(), atol, rtol)
             return
-        self.bad += int(bad_i)
+        # The bound atol + rtol*|expected| is never below atol as the kernel rounds it (the diff's dtype), so a
+        # chunk whose largest difference is within that has no element outside the tolerance: the bound's three
+        # passes over a (large) output are only made when some difference exceeds atol. Every timed call is
+        # compared in full, and an honest candidate's differences sit far below atol.
+        if chunk_max_f > torch.tensor(atol, dtype=diff.dtype).item():
+            self.bad += int((diff > exp.abs().mul_(rtol).add_(atol)).sum())
         self.sum_diff += total_f
         if start == 0 or chunk_max_f > self.max_diff:
             self.max_diff, self.worst = chunk_max_f, start + int(where_i)

@@ -29,10 +29,10 @@ from typing import Any
 TOKEN_VAR = "KBEVAL_WORKER_TOKEN"
 TOKEN_LENGTH = 32  # secrets.token_hex(16)
 TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
-# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds) or by the
-# harness: one server serves every value. Any other variable a worker sets gets a server of its own.
+# Read only after the fork (by CUDA at its first initialisation, by load_inline when it builds: MAX_JOBS too)
+# or by the harness: one server serves every value. Any other variable a worker sets gets a server of its own.
 FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES",
-                            "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR"})
+                            "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR", "MAX_JOBS"})
 WORKER_MODULE = "kernelbench_eval.worker"
 SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
 READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy machine is slow at this)
@@ -97,9 +97,8 @@ def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
     """
     if not enabled() or len(env.get(TOKEN_VAR, "")) != TOKEN_LENGTH:
         return None
-    server_env = {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
     child_env = {k: v for k, v in env.items() if k in FORK_SAFE_VARS}
-    server = _server_for(server_env)
+    server = _server_for(_server_env(env))
     if server is None:
         return None
     stdin_read, stdin_write = os.pipe()
@@ -115,6 +114,22 @@ def spawn(env: dict[str, str], cwd: Path, reply_fd: int) -> ForkedChild | None:
         os.close(stdin_read)
         os.close(out_write)
     return ForkedChild(pid, conn, open(stdin_write, "wb"), open(out_read, "rb"))  # noqa: SIM115 (the worker's)
+
+
+def prestart(env: dict[str, str]) -> threading.Thread | None:
+    """Start the server for workers of environment `env` in the background; the first `spawn` for it then
+    finds it running, or waits for its start (under the same lock) instead of starting a second one."""
+    if not enabled():
+        return None
+    thread = threading.Thread(target=_server_for, args=(_server_env(env),), name="kbeval-forkserver-start",
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def _server_env(env: dict[str, str]) -> dict[str, str]:
+    """The server's environment for workers of environment `env` (the key its server is found by)."""
+    return {k: v for k, v in env.items() if k not in FORK_SAFE_VARS} | {TOKEN_VAR: TOKEN_PLACEHOLDER}
 
 
 class _SpawnRefused(OSError):
@@ -220,6 +235,7 @@ _KEEPER = _Keeper()
 _LOCK = threading.Lock()
 _SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _STARTS: dict[tuple[tuple[str, str], ...], int] = {}
+_STARTING: set[ForkServer] = set()  # servers importing torch now (under _LOCK)
 
 
 def _server_for(env: dict[str, str]) -> ForkServer | None:
@@ -238,11 +254,14 @@ def _server_for(env: dict[str, str]) -> ForkServer | None:
             atexit.register(stop_all)
         _STARTS[key] = _STARTS.get(key, 0) + 1
         server = ForkServer(env)
+        _STARTING.add(server)
         try:
             server.start()
         except (OSError, RuntimeError, ValueError):
             server.stop()
             return None
+        finally:
+            _STARTING.discard(server)
         _SERVERS[key] = server
         return server
 
@@ -259,7 +278,11 @@ def _drop_server(server: ForkServer, exc: BaseException) -> None:
 
 
 def stop_all() -> None:
-    """Stop every server (at exit; their children die with them)."""
+    """Stop every server (at exit; their children die with them). One still starting (a harness that ends
+    early, on a usage error, say) is killed at once, not waited for: its start then fails, freeing the lock."""
+    for server in list(_STARTING):
+        with contextlib.suppress(OSError, AttributeError):
+            server.proc.kill()  # type: ignore[union-attr]  (None before its Popen: then it is waited for)
     with _LOCK:
         servers = list(_SERVERS.values())
         _SERVERS.clear()

@@ -2,13 +2,17 @@
 
 A lane pins every worker it starts to its GPU through CUDA_VISIBLE_DEVICES, so a candidate that poisons its
 CUDA context (an illegal address, a hung kernel) can only hurt its own, short-lived process on that GPU,
-never another lane. A lane keeps the reference session of the problem it judged last open: the next
-candidate of that problem skips the reference run. Lanes are plain objects so that the Ray backend can host
+never another lane. A lane keeps the references of the problems it judged last open (up to `MAX_OPEN`,
+while their inputs and expected outputs take at most `MEMORY_SHARE` of the device's memory; least recently
+used closed first): when candidates of several problems arrive interleaved (a cold run, as their builds
+finish), a candidate of a problem still open skips the reference run. References not in use are parked
+(their checker frees what only a timing needed). Lanes are plain objects so that the Ray backend can host
 the same class in an actor; everything they take and return pickles.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +44,18 @@ class LaneConfig:
     compile_timeout: float
 
 
+MAX_OPEN = 3  # references a lane keeps open at most
+MEMORY_SHARE = 0.25  # of the device's memory, for the inputs and expected outputs of the references kept open
+
+
+@dataclass
+class Prepared:
+    """A reference opened ahead of its candidates: what the pipeline records about it."""
+
+    warning: str | None = None  # about the problem, from its reference (when it was opened now)
+    baseline_key: str | None = None
+
+
 @dataclass
 class LaneResult:
     findings: Findings
@@ -65,35 +81,66 @@ class EvalLane:
         self.spec, self.config = spec, config
         self.store = BaselineStore(config.baselines)
         self.seeds = Secrets.draw(config.settings.trials)
-        self.ref: ReferenceSide | None = None
+        self.refs: OrderedDict[str, ReferenceSide] = OrderedDict()  # open references, least recently used first
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         """The findings on one compiled candidate, judged on this lane's device."""
-        opened = self._reference_for(problem, ref_log)
-        ref = self.ref
-        assert ref is not None
+        ref, opened = self._reference_for(problem, ref_log)
         if ref.error:
             return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
         findings = judge(ref, compiled, path, log, self.config.timeout)
         findings.lane = self.spec.label
         return LaneResult(findings, ref.warning if opened else None, ref.baseline_key)
 
-    def _reference_for(self, problem: Problem, ref_log: Path) -> bool:
-        """Open `problem`'s reference unless it is the one open (and sound); True when it was opened now."""
-        if self.ref and self.ref.problem == problem and not self.ref.broken:
-            return False
-        self.close()
+    def prepare(self, problem: Problem, ref_log: Path) -> Prepared:
+        """Open `problem`'s reference (and measure its baselines) before any of its candidates is ready."""
+        ref, opened = self._reference_for(problem, ref_log)
+        return Prepared(ref.warning if opened else None, ref.baseline_key)
+
+    def holds(self) -> list[str]:
+        """The problems whose references are open here, most recently used first."""
+        return list(reversed(self.refs))
+
+    def _reference_for(self, problem: Problem, ref_log: Path) -> tuple[ReferenceSide, bool]:
+        """`problem`'s reference, opened now unless it is open (and sound); True when it was opened now."""
+        ref = self.refs.get(problem.problem_id)
+        if ref is not None and ref.problem == problem and not ref.broken:
+            self.refs.move_to_end(problem.problem_id)
+            self._park_all_but(ref)
+            ref.parked = False  # in use again
+            return ref, False
+        if ref is not None:
+            self.refs.pop(problem.problem_id).close()
+        self._park_all_but(None)
+        self._evict(room_for_one=True)
         cfg = self.config
-        self.ref = ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
-                                 self.store, dict(self.spec.env)).open()
-        return True
+        ref = ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
+                            self.store, dict(self.spec.env)).open()
+        self.refs[problem.problem_id] = ref
+        self._evict()
+        return ref, True
+
+    def _park_all_but(self, active: ReferenceSide | None) -> None:
+        for ref in self.refs.values():
+            if ref is not active:
+                ref.park()
+
+    def _evict(self, room_for_one: bool = False) -> None:
+        """Close the least recently used references until at most MAX_OPEN are open (one fewer, to make room
+        for one) and those kept fit the memory share; the most recent one always stays."""
+        def too_many() -> bool:
+            held = sum(ref.footprint() for ref in self.refs.values())
+            budget = max((ref.memory_bytes or 0 for ref in self.refs.values()), default=0) * MEMORY_SHARE
+            return len(self.refs) + room_for_one > MAX_OPEN or bool(budget and held > budget)
+
+        while self.refs and (room_for_one or len(self.refs) > 1) and too_many():
+            self.refs.popitem(last=False)[1].close()
 
     def close(self) -> None:
-        if self.ref:
-            self.ref.close()
-            self.ref = None
+        while self.refs:
+            self.refs.popitem(last=False)[1].close()
 
-    def holds(self, compiled: Compiled) -> bool:
+    def has_build(self, compiled: Compiled) -> bool:
         return True  # every build of this host is in its cache
 
 
@@ -102,7 +149,11 @@ class LaneHandle(Protocol):
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult: ...
 
-    def holds(self, compiled: Compiled) -> bool:
+    def prepare(self, problem: Problem, ref_log: Path) -> Prepared | None: ...
+
+    def holds(self) -> list[str]: ...
+
+    def has_build(self, compiled: Compiled) -> bool:
         """Whether this lane can judge `compiled` without fetching the build (`schedule` prefers those)."""
         ...
 

@@ -11,7 +11,6 @@ reached. Every block is also timed by the harness's own clock, for the cross-che
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import time
@@ -22,23 +21,6 @@ from kernelbench_eval import gpus, linux
 from kernelbench_eval.models import RunSettings, Slot, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerProcess
 from kernelbench_eval.stats import Samples
-
-# OpenMP threads that spin while waiting at a barrier turn host load into huge, bimodal call times: when
-# another process holds a core, a 0.07 ms call waits for a whole scheduler slice (measured: tiny SDPA, 2
-# threads, 2 busy cores: median 23 ms with the default wait policy, 0.067 ms with PASSIVE), and the spinning
-# shows as CPU use (the thread-count rule) and as wall time no call accounts for (the clock rule). The
-# policy is read when the OpenMP runtime loads, so it must be in a worker's (and the fork server's)
-# environment before torch is imported there; workers inherit the harness's environment.
-QUIET_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
-
-
-def quiet_openmp(environ: dict[str, str] | os._Environ = os.environ) -> None:
-    """Put QUIET_OPENMP into `environ` (the harness's, which workers inherit) unless the user set them."""
-    for name, value in QUIET_OPENMP.items():
-        environ.setdefault(name, value)
-
-
-quiet_openmp()
 
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10

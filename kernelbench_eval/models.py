@@ -290,7 +290,7 @@ class WorkerRequest(BaseModel):
     """A command sent to a worker on its stdin, one JSON object a line."""
 
     op: Literal["import", "load", "prepare", "expect", "open_exchange", "close_exchange", "put", "attach", "take",
-                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "exit"]
+                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "park", "exit"]
     # load: module file and class to build (`model` names it in the worker: "main", or "compiled" for the
     # torch.compile baseline); prepare (reference): problem file, one input set per seed
     path: str | None = None
@@ -298,7 +298,7 @@ class WorkerRequest(BaseModel):
     model: str = "main"
     init_file: str | None = None
     init_seed: int | None = None
-    device: Device | None = None
+    device: Device | None = None  # load: the model's; prepare: where the input sets are drawn (`draw_inputs`)
     dims: dict[str, int | float] = Field(default_factory=dict)
     threads: int | None = None
     problem: str | None = None  # warmup: the problem file whose Model/get_inputs shape the call
@@ -358,6 +358,7 @@ class WorkerReply(BaseModel):
     input_bytes: int = 0
     memory_bandwidth_gbs: float | None = None
     event_overhead_ms: float | None = None
+    memory_bytes: int | None = None  # load: the device's memory (the host's for the CPU), for the lanes' budget
     kernels: KernelCount | None = None  # profile: launch accounting
     kernel_rows: list[KernelRow] = Field(default_factory=list)  # profile: per-kernel table
     seconds: float = 0.0

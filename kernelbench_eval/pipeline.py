@@ -31,6 +31,7 @@ from kernelbench_eval.guard import References
 from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
 from kernelbench_eval.linux import keep_memory_private
 from kernelbench_eval.models import Findings, RunManifest, RunSettings, Verdict
+from kernelbench_eval.process import prestart
 from kernelbench_eval.record import RunRecorder, check_manifest, seal_manifest
 from kernelbench_eval.warmup import WarmupSpec
 
@@ -148,6 +149,8 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     keep_memory_private()
     baselines.use_key_dir(opts.cache_dir)
     backend = _backend(opts)  # first: a backend that cannot start leaves no run folder behind
+    if opts.backend == "local":
+        prestart()  # the fork server imports torch while this run discovers and looks up its caches
     backend = opts.observe(backend) if opts.observe else backend
     private.enter()  # then this process's temp files (references, workers' folders) go in a private folder
     try:
@@ -225,10 +228,11 @@ class _Session:
         config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.timeout,
                             self.opts.compile_timeout)
         lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)
+        work = [schedule.LaneJobs(partial(self._evaluate, lane), lane.holds, partial(self._prepare, lane),
+                                  partial(_near, lane)) for lane in lanes]
         try:
-            schedule.drive(runnable, self._compile, jobs, [partial(self._evaluate, lane) for lane in lanes],
-                           key=lambda cand: cand.problem_id, hold=self.device == "cpu",
-                           near=[partial(_near, lane) for lane in lanes])
+            schedule.drive(runnable, self._compile, jobs, work, key=lambda cand: cand.problem_id,
+                           hold=self.device == "cpu")
         finally:
             for lane in lanes:
                 lane.close()
@@ -279,12 +283,28 @@ class _Session:
             if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
                 findings.disqualify("incorrect", "cheating detected: it altered the run's verdicts.jsonl while it "
                                     "ran (restored; no verdict changed)")
-        if result.warning:
-            self.warnings.append(f"{self.found.problems[cand.problem_id].path}: {result.warning}")
-        if result.baseline_key:
-            self.store.adopt(result.baseline_key)
+        self._note_reference(cand.problem_id, result.warning, result.baseline_key)
         self._record(cand, built.seconds + time.perf_counter() - started,
                      _with_build(findings, built.compiled, built.seconds), log=log)
+
+    def _prepare(self, lane: LaneHandle, problem_id: str) -> None:
+        """Open a problem's reference on an idle lane while its candidates still build (`schedule`): its reference
+        run and baselines take GPU time nobody else wants then. No candidate code runs in it."""
+        try:
+            problem = self.references.problem(problem_id)
+        except (OSError, ProblemChanged):
+            return  # each of its candidates is skipped with the reason when it comes
+        prepared = lane.prepare(problem, self.recorder.log_path(problem_id, "_reference", "eval"))
+        if prepared:
+            self._note_reference(problem_id, prepared.warning, prepared.baseline_key)
+
+    def _note_reference(self, problem_id: str, warning: str | None, baseline_key: str | None) -> None:
+        """What opening a problem's reference told the run: a warning about the problem (once), its baseline."""
+        line = f"{self.found.problems[problem_id].path}: {warning}" if warning else None
+        if line and line not in self.warnings:
+            self.warnings.append(line)
+        if baseline_key:
+            self.store.adopt(baseline_key)
 
     def _evaluate_safely(self, lane: LaneHandle, cand: Candidate, built: _Built, ref_log: Path, log: Path
                          ) -> LaneResult:
@@ -352,7 +372,7 @@ def build_parallelism(jobs: int, builds: int) -> int:
 
 
 def _near(lane: LaneHandle, cand: Candidate, built: _Built) -> bool:
-    return lane.holds(built.compiled)
+    return lane.has_build(built.compiled)
 
 
 def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findings:

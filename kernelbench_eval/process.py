@@ -36,6 +36,24 @@ ALLOWED_VARS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "L
                           "VIRTUAL_ENV", "CONDA_PREFIX"})
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "NCCL_", "CUDNN_", "NVCC_")
 
+# OpenMP threads that spin while waiting at a barrier turn host load into huge, bimodal call times: when
+# another process holds a core, a 0.07 ms call waits for a whole scheduler slice (measured: tiny SDPA, 2
+# threads, 2 busy cores: median 23 ms with the default wait policy, 0.067 ms with PASSIVE), and the spinning
+# shows as CPU use (the thread-count rule) and as wall time no call accounts for (the clock rule). The
+# policy is read when the OpenMP runtime loads, so it must be in a worker's (and the fork server's)
+# environment before torch is imported there; workers inherit the harness's environment. Set here, on import
+# (no torch needed), so that a fork server started before the harness imports torch (`prestart`) has them.
+QUIET_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+
+
+def quiet_openmp(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """Put QUIET_OPENMP into `environ` (the harness's, which workers inherit) unless the user set them."""
+    for name, value in QUIET_OPENMP.items():
+        environ.setdefault(name, value)
+
+
+quiet_openmp()
+
 
 class WorkerFailure(Exception):
     """A worker did not do what was asked: it timed out, died, exited without a reply, or answered with an
@@ -82,11 +100,7 @@ class WorkerProcess:
         self._pump.start()
 
     def _env(self) -> dict[str, str]:
-        env = worker_env(os.environ) | self.extra_env
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        env[TOKEN_VAR] = self._token
-        return env
+        return worker_environment(self.extra_env, self._token)
 
     def _start_cold(self, env: dict[str, str], write_fd: int) -> subprocess.Popen[bytes]:
         """A fresh interpreter: what every worker was before the fork server, and its fallback."""
@@ -195,6 +209,26 @@ class WorkerProcess:
             self._pump.join(timeout=5)
             if not self._pump.is_alive() and self.proc.stdout:
                 self.proc.stdout.close()
+
+
+def worker_environment(extra: Mapping[str, str], token: str) -> dict[str, str]:
+    """A worker's whole environment: the allow-listed harness variables, `extra`, the package path, `token`."""
+    env = worker_env(os.environ) | dict(extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env[TOKEN_VAR] = token
+    return env
+
+
+def prestart() -> None:
+    """Start the fork server every worker of this harness will come from, now and in the background.
+
+    Why: the server imports torch (seconds), and the first worker (a compile, or a lane's reference) used to
+    wait for that. Started first thing, it imports while the harness imports, discovers and looks up its
+    caches. The per-worker variables (`forkclient.FORK_SAFE_VARS`) do not choose the server, so this is the
+    one every later worker is forked from (`forkclient.prestart`).
+    """
+    forkclient.prestart(worker_environment({}, forkclient.TOKEN_PLACEHOLDER))
 
 
 def worker_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from rich.table import Column
 
 from kernelbench_eval.compile import Compiled
 from kernelbench_eval.discover import Candidate, Problem
-from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult
+from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, Prepared
 from kernelbench_eval.models import Verdict
 from kernelbench_eval.plan import Plan
 from kernelbench_eval.warmup import WarmupSpec
@@ -128,8 +128,21 @@ class _ObservedLane:
                 self.progress.finish(self.progress.baselines, short(problem.problem_id))
             self.progress.finish(self.progress.judge, name, advance=0)  # the verdict itself advances the row
 
-    def holds(self, compiled: Compiled) -> bool:
-        return self.inner.holds(compiled)
+    def has_build(self, compiled: Compiled) -> bool:
+        return self.inner.has_build(compiled)
+
+    def prepare(self, problem: Problem, ref_log: Path) -> Prepared | None:
+        opening = self.progress.opening(problem)
+        if opening:
+            self.progress.start(self.progress.baselines, short(problem.problem_id))
+        try:
+            return self.inner.prepare(problem, ref_log)
+        finally:
+            if opening:
+                self.progress.finish(self.progress.baselines, short(problem.problem_id))
+
+    def holds(self) -> list[str]:
+        return self.inner.holds()
 
     def close(self) -> None:
         self.inner.close()

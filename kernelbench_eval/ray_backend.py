@@ -13,7 +13,7 @@ What travels, and how (nothing assumes a shared filesystem):
   keys by the build's content key; a lane unpacks it into its node's cache only when that node does not
   hold the build yet, rewritten for its path there (`relocate`: no rebuild), and signed with that node's key;
   the driver knows which nodes hold which build, and a lane prefers candidates whose build its node holds
-  (`holds`, used by `schedule`);
+  (`has_build`, used by `schedule`);
 - Triton warm-ups (`warmup.py`) need the GPU a compile task does not hold: a CUDA build is warmed up on the
   judging node, under the build's lock, before its first evaluation there (`compile.warm_build`); its time
   is added to the verdict's compile time;
@@ -40,7 +40,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.compile import Compiled
 from kernelbench_eval.discover import Candidate, Problem
-from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LaneSpec
+from kernelbench_eval.lanes import LaneConfig, LaneHandle, LaneResult, LaneSpec, Prepared
 from kernelbench_eval.models import Baseline
 from kernelbench_eval.process import PACKAGE_ROOT
 from kernelbench_eval.ray_node import RETRIES, LaneActor, compile_task, read, write
@@ -71,14 +71,15 @@ class _RemoteLane:
         self.actor = self.make()
         self.node: str | None = None  # learnt from its replies (the node may change when Ray restarts it)
         self._asked = self.actor.node.remote()  # answered once Ray has placed it: never waited for
+        self.held: list[str] = []  # the problem its actor judged last (its reference is open there)
 
-    def holds(self, compiled: Compiled) -> bool:
+    def has_build(self, compiled: Compiled) -> bool:
         """Whether this lane's node already holds the build (made or fetched there): no fetch to judge it."""
         if self.node is None and self._asked is not None and ray.wait([self._asked], timeout=0)[0]:
             with contextlib.suppress(RayError):
                 self.node = ray.get(self._asked)
             self._asked = None
-        return self.node is not None and self.backend.holds(compiled.build_dir.name, self.node)
+        return self.node is not None and self.backend.node_has(compiled.build_dir.name, self.node)
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         job = {"problem": problem, "problem_source": self.backend.source(problem.path), "file": path.name,
@@ -91,6 +92,7 @@ class _RemoteLane:
             self.backend.placed(compiled.build_dir.name, self.node)
         finally:
             self.backend.release(compiled.build_dir.name)
+        self.held = [problem.problem_id]
         compiled.record = reply["record"]  # a warm-up here (`_LaneActor._warm`) may have changed it
         if isinstance(compiled, RayCompiled):
             compiled.warmed_in_lane += reply["warmed"]
@@ -99,6 +101,14 @@ class _RemoteLane:
         if reply["baseline"]:  # measured (or read) in the lane's copy: the driver's file is the run's
             BaselineStore(self.baselines).put(Baseline.model_validate(reply["baseline"]))
         return reply["result"]
+
+    def prepare(self, problem: Problem, ref_log: Path) -> Prepared | None:
+        """Nothing ahead of time: the actor opens a problem with its first candidate (a reference opened early
+        there would need its log and baselines shipped back on a call of their own)."""
+        return None
+
+    def holds(self) -> list[str]:
+        return self.held
 
     def _call(self, job: dict) -> dict:
         for wait in LANE_WAITS:
@@ -150,7 +160,7 @@ class RayBackend:
         with self._lock:
             self._where.setdefault(build, set()).add(node)
 
-    def holds(self, build: str, node: str) -> bool:
+    def node_has(self, build: str, node: str) -> bool:
         with self._lock:
             return node in self._where.get(build, ())
 

@@ -24,7 +24,7 @@ from kernelbench_eval.linux import die_with_parent
 from kernelbench_eval.models import WorkerReply, WorkerRequest
 from kernelbench_eval.precision import cast_model
 from kernelbench_eval.worker_candidate import CandidateOps
-from kernelbench_eval.worker_common import _device_name, _one_line, _torch
+from kernelbench_eval.worker_common import _device_name, _memory_bytes, _one_line, _torch
 from kernelbench_eval.worker_reference import ReferenceOps
 
 _BUILD_FAILURE = "Error building extension"
@@ -72,7 +72,8 @@ class Worker(ReferenceOps, CandidateOps):
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
         model = cast_model(model.to(self.device) if hasattr(model, "to") else model, req.precision)
         self.models[req.model] = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
-        reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__)
+        reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__,
+                            memory_bytes=_memory_bytes(self.device))
         if self.device == "cuda":
             reply.memory_bandwidth_gbs = timing.memory_bandwidth_gbs()
             reply.event_overhead_ms = timing.event_overhead_ms()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kernelbench_eval.models import Slot, TensorMeta
@@ -25,6 +26,16 @@ def _device_name(device: str) -> str:
     import platform
 
     return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _memory_bytes(device: str) -> int | None:
+    """The device's total memory (the host's for the CPU); None where it is not reported."""
+    if device == "cuda":
+        return int(_torch().cuda.get_device_properties(_torch().cuda.current_device()).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return None
 
 
 def _nbytes(x: Any) -> int:

@@ -8,6 +8,7 @@ exchange buffer this process lends it (see `exchange`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,7 @@ class ReferenceOps:
         named += [(f"timing{k}", s) for k, s in enumerate(req.timing_seeds)]
         inputs: list[Any] = []
         for name, seed in named:
-            torch.manual_seed(seed)
-            inputs = cast_inputs(module.get_inputs(), req.precision)
+            inputs = cast_inputs(draw_inputs(module.get_inputs, seed, req.device or "cpu"), req.precision)
             self.sets[name] = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
             if req.save_inputs:
                 torch.save(inputs, out_dir / f"{name}.pt")
@@ -56,7 +56,7 @@ class ReferenceOps:
                            input_bytes=sum(_nbytes(x) for x in inputs))
 
     def op_expect(self, req: WorkerRequest) -> WorkerReply:
-        """Move the input sets to the device and compute the expected outputs of every trial, kept here."""
+        """Move the input sets to the device (those drawn on the CPU) and compute every trial's expected outputs."""
         torch = _torch()
         self.atol, self.rtol = req.atol, req.rtol
         for name, inputs in self.sets.items():
@@ -75,6 +75,14 @@ class ReferenceOps:
                 self.expected_metas.append([_meta(o) for o in outs])
         warning = degenerate_outputs(self.expected[0], self.atol, self.rtol) if self.expected else None
         return WorkerReply(ok=True, expected=self.expected_metas, warning=warning)
+
+    def op_park(self, req: WorkerRequest) -> WorkerReply:
+        """Another problem's candidates are judged on this lane meanwhile: free what only a timing needed (the
+        last block's outputs, the allocator's cached blocks); the input sets and expected outputs stay."""
+        self.kept = []
+        if self.device == "cuda":
+            _torch().cuda.empty_cache()
+        return WorkerReply(ok=True)
 
     def op_open_exchange(self, req: WorkerRequest) -> WorkerReply:
         self.op_close_exchange(req)
@@ -148,6 +156,30 @@ class ReferenceOps:
         result = compare_outputs(expected, expected_metas, got, metas, self.atol, self.rtol)
         return CheckResult(passed=result.passed, max_abs_diff=result.max_abs_diff,
                            mean_abs_diff=result.mean_abs_diff, error=result.error)
+
+
+def draw_inputs(get_inputs: Callable[[], Any], seed: int, device: str) -> list[Any]:
+    """The problem's input set for `seed`, made on `device` directly where its `get_inputs` allows, else on the CPU.
+
+    Why: drawn on the CPU and copied over, a GPU run's sets cost seconds of one CPU thread's random numbers
+    (problem 45: eight sets of 128 MB) before the first candidate; drawn on the GPU, milliseconds. A
+    `get_inputs` that fails there (numpy, `.tolist()`) or makes any tensor elsewhere on purpose is drawn again
+    on the CPU from the same seed, as before (moved to the device with the expected outputs). Either way one
+    seed gives one set: each generator is deterministic for its seed.
+    """
+    torch = _torch()
+    if device != "cpu":
+        torch.manual_seed(seed)  # every device's generator
+        try:
+            with torch.device(device):
+                drawn = list(get_inputs())
+        except Exception:
+            drawn = None
+        if drawn is not None and all(x.device.type == torch.device(device).type
+                                     for x in drawn if isinstance(x, torch.Tensor)):
+            return drawn
+    torch.manual_seed(seed)
+    return list(get_inputs())
 
 
 def _clone(x: Any) -> Any:

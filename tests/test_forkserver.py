@@ -284,3 +284,82 @@ def test_start_to_first_reply_latency(tmp_path: Path, monkeypatch: pytest.Monkey
     forked_s = sorted(s for s, _ in forked_runs)[1]
     cold_s = sorted(s for s, _ in cold_runs)[0]
     print(f"\nstart to first reply: forked {forked_s * 1000:.0f} ms, cold {cold_s * 1000:.0f} ms")
+
+
+_COUNTING_HARNESS = """
+import json, os, sys, threading
+from kernelbench_eval import forkclient
+
+starts, spawns = [], []
+real_start, real_spawn = forkclient.ForkServer.start, forkclient.spawn
+
+def start(self):
+    starts.append(threading.current_thread().name)
+    real_start(self)
+
+def spawn(*args, **kwargs):
+    child = real_spawn(*args, **kwargs)
+    spawns.append(type(child).__name__)
+    return child
+
+forkclient.ForkServer.start, forkclient.spawn = start, spawn
+
+def report():
+    with open(os.environ["KBEVAL_TEST_REPORT"], "w") as out:
+        json.dump({"starts": starts, "spawns": spawns}, out)
+
+import atexit
+atexit.register(report)
+sys.argv = ["kbeval", *sys.argv[1:]]
+from kernelbench_eval.entry import main
+main()
+"""
+
+
+def test_a_run_starts_its_fork_server_first_and_only_once(tmp_path: Path) -> None:
+    """`kbeval run` starts the server before anything needs it (`process.prestart`), and every worker of the run
+    (compiles, the reference, candidates) comes from that one server: no variable a worker sets (MAX_JOBS, the
+    extension folder) may make a second one."""
+    cands = tmp_path / "candidates" / "tiny_linear_relu"
+    cands.mkdir(parents=True)
+    for name in ("py_honest.py", "py_wrong_shape.py"):
+        (cands / name).write_bytes((FIXTURES / "candidates" / "tiny_linear_relu" / name).read_bytes())
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KBEVAL_CACHE_DIR=str(tmp_path / "cache"),
+               KBEVAL_TEST_REPORT=str(report), COLUMNS="200")
+    env.pop(forkserver.SWITCH_VAR, None)
+    env.pop("MAX_JOBS", None)  # the run sets it after the server started
+    args = ["run", "--device", "cpu", "--problems", str(FIXTURES / "problems"), "--candidates",
+            str(tmp_path / "candidates"), "--trials", "1", "--no-compile-baseline", "--reps", "5",
+            "--timing-budget", "1", "--jobs", "2", "--out", str(tmp_path / "out"), "--run-id", "r"]
+    proc = subprocess.run([sys.executable, "-c", _COUNTING_HARNESS, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = {json.loads(line)["candidate"]: json.loads(line)["status"]
+                for line in (tmp_path / "out" / "r" / "verdicts.jsonl").read_text().splitlines()}
+    assert verdicts["py_wrong_shape"] == "incorrect" and verdicts["py_honest"] in ("ok", "suspicious")
+    counted = json.loads(report.read_text())
+    assert counted["starts"] == ["kbeval-forkserver-start"]  # once, and by the prestart, not by a first worker
+    assert len(counted["spawns"]) >= 5 and set(counted["spawns"]) == {"ForkedChild"}  # 2 compiles, ref, 2 cands
+
+
+@pytest.mark.parametrize(("code", "status", "said"), [("None", 0, ""), ("3", 3, ""), ("'bye'", 1, "bye")])
+def test_kbeval_leaves_as_an_interpreter_would(tmp_path: Path, code: str, status: int, said: str) -> None:
+    """`entry.leave` skips the interpreter's teardown only: threads are joined (a thread pool never shut down
+    included), atexit handlers run and output is flushed first, and the exit status is what sys.exit gives."""
+    script = f"""
+import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from kernelbench_eval.entry import leave
+out = Path({str(tmp_path)!r})
+ThreadPoolExecutor(2).submit(lambda: None).result()
+threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("joined"))).start()
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+sys.stdout.write("buffered")
+leave({code})
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == status and proc.stdout == "buffered" and proc.stderr.strip() == said
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"

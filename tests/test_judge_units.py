@@ -13,6 +13,7 @@ from kernelbench_eval.discover import Problem, make_candidate, sha256_file
 from kernelbench_eval.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.judge import ReferenceSide, Secrets, judge
 from kernelbench_eval.models import RunSettings, Slot, TensorMeta
+from kernelbench_eval.worker_reference import draw_inputs
 
 PROBLEM = '''
 import torch
@@ -126,3 +127,79 @@ def test_stale_timed_calls_are_caught_in_full(tmp_path: Path):
     _, findings = _judge(tmp_path, STALE, "stale")
     assert findings.status == "incorrect" and findings.trials_passed == 2, findings.error
     assert "timed call" in findings.error and "every timed call is checked" in findings.error
+
+
+def _drawn(device: str, get_inputs) -> tuple[list, list]:  # noqa: ANN001
+    first, again = draw_inputs(get_inputs, 1234, device), draw_inputs(get_inputs, 1234, device)
+    return first, again
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_input_sets_are_drawn_on_the_device_when_the_problem_allows(device: str):
+    """A GPU run draws its sets on the GPU (no seconds of CPU random numbers); "meta" stands in for it on a CPU."""
+    first, again = _drawn(device, lambda: [torch.rand(64, 8), torch.randint(0, 5, (3,)), 7])
+    assert [x.device.type for x in first[:2]] == [device, device] and first[2] == 7
+    assert first[0].shape == (64, 8) and first[1].dtype == torch.int64
+    if device != "meta":  # one seed, one set
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+        other = draw_inputs(lambda: [torch.rand(64, 8)], 4321, device)
+        assert not torch.equal(other[0], first[0])
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_input_sets_fall_back_to_the_cpu_from_the_same_seed(device: str):
+    """A get_inputs that fails on the device, or makes a tensor elsewhere on purpose, is drawn on the CPU, as
+    before: the set is the CPU generator's for that seed, whatever the device attempt consumed."""
+    import numpy as np
+
+    def with_numpy() -> list:
+        return [torch.from_numpy(np.asarray(torch.rand(4, 4).tolist(), dtype=np.float32))]
+
+    def pinned_cpu() -> list:
+        return [torch.rand(4, 4, device="cpu"), torch.rand(2)]
+
+    for get_inputs in (with_numpy, pinned_cpu):
+        first, again = _drawn(device, get_inputs)
+        assert all(x.device.type == "cpu" for x in first), get_inputs.__name__
+        torch.manual_seed(1234)
+        assert torch.equal(first[0], get_inputs()[0]) and torch.equal(first[0], again[0])
+
+
+def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: Path):
+    """Real checkers: a problem prepared ahead of its candidates is reused by them (same checker process), and
+    the other open one is parked meanwhile (its checker stays up, holding its sets)."""
+    from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneSpec
+
+    problems = []
+    for name in ("masked", "masked_too"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(PROBLEM)
+        problems.append(Problem(name, path, sha256_file(path)))
+    settings = RunSettings(device="cpu", trials=1, reps=10, timing_budget=1.0, warmup=1, compile_baseline=False,
+                           max_speedup=0, threads=1)
+    lane = EvalLane(LaneSpec("cpu:0"), LaneConfig(settings, tmp_path / "baselines.json", 60, 60))
+    candidate = tmp_path / "honest.py"
+    candidate.write_text(HONEST)
+    build = compile_candidate(make_candidate(problems[0], candidate), "cpu", tmp_path / "cache", tmp_path / "c.log",
+                              120)
+    try:
+        for problem in problems:
+            lane.prepare(problem, tmp_path / f"{problem.problem_id}.log")
+        assert lane.holds() == ["masked_too", "masked"]
+        first = lane.refs["masked"]
+        assert first.worker is not None and first.memory_bytes and first.footprint() > 0
+        pid = first.worker.proc.pid
+        result = lane.evaluate(problems[0], candidate, build, tmp_path / "ref.log", tmp_path / "honest.log")
+        assert result.findings.correct, result.findings.error
+        assert lane.refs["masked"].worker.proc.pid == pid  # the prepared checker judged it: not opened again
+        assert lane.refs["masked_too"].parked and not lane.refs["masked"].parked
+        assert lane.holds() == ["masked", "masked_too"]
+        parked_pid = lane.refs["masked_too"].worker.proc.pid
+        again = lane.evaluate(problems[1], candidate, build, tmp_path / "ref.log", tmp_path / "honest2.log")
+        assert again.findings.correct, again.findings.error  # a parked checker still has its sets and outputs
+        assert lane.refs["masked_too"].worker.proc.pid == parked_pid and lane.refs["masked"].parked
+    finally:
+        lane.close()
+    assert lane.holds() == [] and not first.workdir.exists()

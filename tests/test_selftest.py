@@ -18,9 +18,10 @@ import torch
 
 from kernelbench_eval.check import degenerate_outputs
 from kernelbench_eval.discover import find_problems
-from kernelbench_eval.measure import QUIET_OPENMP, TimedModel, quiet_openmp
+from kernelbench_eval.measure import TimedModel
 from kernelbench_eval.models import TimingStats, Verdict
 from kernelbench_eval.plausibility import assess, significant
+from kernelbench_eval.process import QUIET_OPENMP, quiet_openmp
 from kernelbench_eval.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
 from kernelbench_eval.stats import Samples, bootstrap_ci, speedup_ci
 

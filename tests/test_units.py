@@ -33,6 +33,19 @@ def test_difference_within_tolerance_passes_and_is_reported():
     assert result.passed and result.max_abs_diff == pytest.approx(0.015, rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_differences_at_atol_pass_and_the_next_value_up_fails(dtype):
+    """Where every difference is within atol the tolerance bound is not computed (it is never below atol): the
+    boundary must be exactly the kernel's, in the output's dtype."""
+    atol = torch.tensor(0.01, dtype=dtype)
+    x = torch.zeros(1000, dtype=dtype)
+    assert compare(x, x + atol, atol=0.01, rtol=0.5).passed
+    y = x + atol
+    y[7] = torch.nextafter(atol, torch.tensor(1.0, dtype=dtype))
+    result = compare(x, y, atol=0.01, rtol=0.5)
+    assert not result.passed and "1/1000 values outside" in result.error and "at (7,)" in result.error
+
+
 def test_difference_outside_tolerance_names_the_worst_element():
     x = torch.zeros(3, 4)
     y = x.clone()

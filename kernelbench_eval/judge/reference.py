@@ -72,6 +72,8 @@ class ReferenceSide:
         self.baseline_key: str | None = None
         self.device_name: str | None = None
         self.input_bytes = 0
+        self.memory_bytes: int | None = None  # the device's (the host's on the CPU), as the checker reports it
+        self.parked = False  # its checker freed what only a timing needed (until its lane uses it again)
         self.bandwidth_gbs: float | None = None
         self.event_overhead_ms: float | None = None
         self.warning: str | None = None
@@ -92,11 +94,12 @@ class ReferenceSide:
                                                                   time_limit=self.timeout))
             prepared = self.worker.call(WorkerRequest(
                 op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
-                trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds,
+                trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds, device=self.settings.device,
                 inputs_dir=str(self.workdir), precision=self.settings.precision), deadline.left())
             self.input_bytes = prepared.input_bytes
             loaded = self.worker.call(self.load_request("Model", self.problem.path), deadline.left())
             self.device_name, self.bandwidth_gbs = loaded.device_name, loaded.memory_bandwidth_gbs
+            self.memory_bytes = loaded.memory_bytes
             self.event_overhead_ms = loaded.event_overhead_ms
             expected = self.worker.call(WorkerRequest(op="expect", trial_seeds=self.seeds.trial_seeds,
                                                       atol=self.settings.atol, rtol=self.settings.rtol),
@@ -113,6 +116,21 @@ class ReferenceSide:
     def close(self) -> None:
         self._stack.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def park(self) -> None:
+        """Free the checker's timing leftovers while other problems are judged; a failure marks it broken."""
+        if self.parked or self.worker is None or self.broken or self.error:
+            return
+        try:
+            self._call(WorkerRequest(op="park"))
+            self.parked = True
+        except ReferenceFailure:
+            pass  # broken now: the next candidate of this problem opens it again
+
+    def footprint(self) -> int:
+        """Bytes its checker keeps while open: every input set and every trial's expected outputs."""
+        sets = len(self.seeds.trial_seeds) + len(self.seeds.timing_seeds)
+        return self.input_bytes * sets + self.output_bytes() * len(self.metas)
 
     def load_request(self, class_name: str, path: Path, compile_mode: str | None = None,
                      model: str = "main", init_dir: Path | None = None) -> WorkerRequest:
