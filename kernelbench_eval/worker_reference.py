@@ -78,8 +78,9 @@ class ReferenceOps:
 
     def op_park(self, req: WorkerRequest) -> WorkerReply:
         """Another problem's candidates are judged on this lane meanwhile: free what only a timing needed (the
-        last block's outputs, the allocator's cached blocks); the input sets and expected outputs stay."""
-        self.kept = []
+        last block's outputs and their storage, the allocator's cached blocks); the input sets and expected
+        outputs stay."""
+        self.kept, self.store = [], []
         if self.device == "cuda":
             _torch().cuda.empty_cache()
         return WorkerReply(ok=True)
