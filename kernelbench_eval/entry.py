@@ -39,6 +39,23 @@ def _starts_workers_here(argv: list[str]) -> bool:
     return bool(argv) and argv[0] in WORKER_COMMANDS and not ray and "--help" not in argv
 
 
+def skip_library_finalizers() -> int:
+    """Keep torch's operator libraries (one `weakref.finalize` each, run at exit) from being torn down one by one
+    at this process's exit: a tenth of a second or more, spent deregistering operators in a process that is
+    ending, at every worker's exit and the harness's. Other finalizers (a candidate's, temp folders) still
+    run. Returns how many were skipped."""
+    import weakref
+
+    skipped = 0
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        info = finalizer.peek()
+        func = info[1] if info else None
+        if getattr(func, "__module__", "") == "torch.library" and getattr(func, "__name__", "") == "_del_library":
+            finalizer.atexit = False
+            skipped += 1
+    return skipped
+
+
 def leave(code: object) -> None:
     """Exit as the interpreter would (threads joined, `atexit` handlers, output flushed), minus its teardown."""
     if code is None:
@@ -53,6 +70,7 @@ def leave(code: object) -> None:
         for thread in threading.enumerate():
             if thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
+    skip_library_finalizers()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -49,6 +49,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
+from kernelbench_eval.entry import skip_library_finalizers
 from kernelbench_eval.forkclient import (  # noqa: F401  (the harness side, re-exported)
     _SERVERS,
     FORK_SAFE_VARS,
@@ -207,6 +208,7 @@ def serve_forever(control_fd: int, parent: int) -> None:
         import torch  # noqa: F401  (the point of the server: imported once, before any fork)
 
         importlib.import_module(WORKER_MODULE)  # its imports (timing binds its clocks here); rerun per child
+        skip_library_finalizers()  # what the imports registered: no worker spends its exit tearing them down
 
         if _token_address() is None:
             raise RuntimeError(f"no {TOKEN_VAR} placeholder in this process's environment block")

@@ -363,3 +363,39 @@ leave({code})
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == status and proc.stdout == "buffered" and proc.stderr.strip() == said
     assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
+
+
+def test_a_forked_worker_runs_its_own_exit_handlers_but_not_torchs_library_teardown(tmp_path: Path) -> None:
+    """torch's operator libraries are not torn down one by one at a worker's exit (`skip_library_finalizers`:
+    a tenth of a second or more per worker); what the candidate registers, atexit or weakref.finalize, runs."""
+    cand = module(tmp_path, "registers", f"""
+        import atexit, weakref
+        from pathlib import Path
+        class Thing:
+            pass
+        thing = Thing()
+        atexit.register(lambda: Path({str(tmp_path)!r}, "atexit").write_text("ran"))
+        weakref.finalize(thing, lambda: Path({str(tmp_path)!r}, "finalize").write_text("ran"))
+        """)
+    with forked(tmp_path) as worker:
+        assert worker.request(import_request(cand), TIMEOUT).ok
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "finalize").read_text() == "ran"
+
+
+def test_only_torchs_library_finalizers_are_skipped() -> None:
+    import weakref
+
+    import torch  # noqa: F401  (its import registers the libraries' finalizers)
+
+    from kernelbench_eval.entry import skip_library_finalizers
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    mine = weakref.finalize(thing, lambda: None)
+    assert skip_library_finalizers() > 0  # torch registers one per operator library
+    assert mine.atexit and mine.alive
+    left = [f for f in list(weakref.finalize._registry) if f.atexit and f.peek()
+            and getattr(f.peek()[1], "__name__", "") == "_del_library"]
+    assert left == []
