@@ -2,9 +2,16 @@
 
 Each lane is a worker holding one model (the reference, its torch.compile, or a candidate). Blocks of
 calls alternate between lanes (ABBA order), all on the same schedule of rotating inputs, so clock drift
-and thermal state hit every lane alike. Measurement stops when every lane's median is stable (relative
-standard error under the target) after the minimum number of calls, or when the time budget or the call
-cap is reached. Every block is also timed by the harness's own clock, for the cross-check in `suspect`.
+and thermal state hit every lane alike. Measurement stops when every lane's time per call (`stats.per_call_ms`)
+is stable (relative standard error under the target) after the minimum number of calls, or when the time
+budget or the call cap is reached. Every block is also timed by the harness's own clock, for the cross-check
+in `plausibility`.
+
+A worker is sent one call at a time, each with its inputs' (base set, scale, seed), and the next only once it
+has answered: the schedule of a block is drawn here, from the system's randomness, and never crosses to a
+worker ahead of its call, so nothing in a candidate's process (its caller's frame, the request, a pipe's
+buffer) tells it what the next call will be or how many are left to come. Precomputing later calls'
+outputs during one call is impossible, and batching them is too.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 
 from kernelbench_eval.models import RunSettings, Slot, WorkerReply, WorkerRequest
 from kernelbench_eval.process import WorkerProcess
-from kernelbench_eval.stats import rse_of_median
+from kernelbench_eval.stats import per_call_ms, rse_per_call
 
 # OpenMP threads that spin while waiting at a barrier turn host load into huge, bimodal call times: when
 # another process holds a core, a 0.07 ms call waits for a whole scheduler slice (measured: tiny SDPA, 2
@@ -53,6 +60,7 @@ class Lane:
     # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
     # (so computing them only then is caught by the clock check), the reference does the same copies.
     follow: Callable[[list[Call]], None] | None = None
+    before: Callable[[], None] | None = None  # right before its warm-up and each block, outside their wall clock
     layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
     event_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)
@@ -64,8 +72,9 @@ class Lane:
     def cores_used(self) -> float:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
 
-    def median(self) -> float:
-        return statistics.median(self.event_ms)
+    def per_call(self) -> float:
+        """What one call costs (`stats.per_call_ms`): every call of a window paid for, a slow window outvoted."""
+        return per_call_ms(self.event_ms)
 
     def wall_per_call(self) -> float:
         return self.wall_ms / len(self.event_ms)
@@ -75,13 +84,16 @@ class Lane:
         so one block slowed by a garbage collection or a preemption does not decide)."""
         return statistics.median(self.block_gaps)
 
-    def add_block(self, reply: WorkerReply, wall_ms: float) -> None:
+    def add_block(self, replies: list[WorkerReply], wall_ms: float) -> None:
+        """One block: a reply per call (each sent alone), and the harness's wall clock over all of them."""
         self.wall_ms += wall_ms
-        self.event_ms += reply.samples_ms
-        self.device_ms += reply.device_ms
-        if reply.device_ms:
-            self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
-        self.graph_error = self.graph_error or reply.graph_error
+        device = [d for reply in replies for d in reply.device_ms]
+        self.event_ms += [s for reply in replies for s in reply.samples_ms]
+        self.device_ms += device
+        if device:
+            self.block_gaps.append((wall_ms - sum(device)) / len(device))
+        for reply in replies:
+            self.graph_error = self.graph_error or reply.graph_error
 
     def paired_gaps(self, other: Lane) -> list[float]:
         """Per block, this lane's unexplained wall time per call minus `other`'s in the same block: the two
@@ -121,6 +133,8 @@ def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, dea
     if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
         calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
     for lane in lanes:
+        if lane.before:
+            lane.before()
         _request(lane, WorkerRequest(op="time", input_sets=input_sets, model=lane.model,
                                      warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
                                      graph=settings.cuda_graph), deadline)
@@ -130,14 +144,16 @@ def measure(lanes: list[Lane], input_sets: list[str], settings: RunSettings, dea
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
         for lane in lanes if blocks % 2 == 0 else lanes[::-1]:
-            req = WorkerRequest(op="time", input_sets=input_sets, model=lane.model, schedule=schedule,
-                                graph=settings.cuda_graph, layout=lane.layout)
+            if lane.before:
+                lane.before()
             cpu_before = process_cpu_ms(lane.worker)
             begun = time.perf_counter_ns()
-            reply = _request(lane, req, deadline)
+            replies = [_request(lane, WorkerRequest(op="time", input_sets=input_sets, model=lane.model, schedule=[call],
+                                                    first=i, graph=settings.cuda_graph, layout=lane.layout[i:i + 1]),
+                                deadline) for i, call in enumerate(schedule)]
             if lane.follow:
                 lane.follow(schedule)
-            lane.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
+            lane.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
             lane.cpu_ms += process_cpu_ms(lane.worker) - cpu_before
         if after_block:
             after_block(blocks, schedule)
@@ -152,7 +168,7 @@ def _done(lanes: list[Lane], settings: RunSettings, elapsed: float) -> bool:
         return True
     if elapsed >= settings.timing_budget:
         return calls >= min(settings.reps, BLOCK_CALLS)
-    return calls >= settings.reps and all(rse_of_median(lane.event_ms) <= settings.target_rse for lane in lanes)
+    return calls >= settings.reps and all(rse_per_call(lane.event_ms) <= settings.target_rse for lane in lanes)
 
 
 def _request(lane: Lane, req: WorkerRequest, deadline: Deadline) -> WorkerReply:

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from kernelbench_eval.measure import Lane
+from kernelbench_eval.stats import per_call_ms
 
 CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) beyond the reference's...
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
@@ -32,7 +33,7 @@ class Judgement:
 
 def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: int | None = None) -> Judgement:
     """The candidate's runtime and the reasons, if any, to distrust it."""
-    result = Judgement(runtime_ms=cand.median())
+    result = Judgement(runtime_ms=cand.per_call())
     cores, ref_cores = cand.cores_used(), ref.cores_used()
     if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
         result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
@@ -48,7 +49,7 @@ def judge(ref: Lane, cand: Lane, device: str, floor_ms: float | None, threads: i
     if device == "cuda":
         tail = cand.device_tail() - ref.device_tail()
         if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
-            result.runtime_ms = statistics.median(cand.device_ms) - ref.device_tail()
+            result.runtime_ms = per_call_ms(cand.device_ms) - ref.device_tail()
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")

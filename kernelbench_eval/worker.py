@@ -78,14 +78,16 @@ class Worker(ReferenceOps, CandidateOps):
         return reply
 
     def op_time(self, req: WorkerRequest) -> WorkerReply:
-        """One block of timed calls on rotating inputs; every call's outputs are kept for the checks."""
+        """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
+        every call's outputs are kept for the checks, the block's together."""
         torch = _torch()
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
             self.rotation = timing.Rotation([self.sets[n] for n in names])
             self.rotation_sets = names
         model = self.models[req.model]
-        self.kept = []  # free the last block's copies before this block allocates
+        if req.first == 0:
+            self.kept = []  # free the last block's copies before this block allocates
         with torch.no_grad():
             if req.warmup:
                 timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
@@ -94,7 +96,7 @@ class Worker(ReferenceOps, CandidateOps):
             keeper = self.exchange_keeper(req.layout) if req.layout else None
             block = timing.time_block(model, self.rotation, req.schedule, self.device,
                                       self.replay if req.model == "main" else None, keeper)
-        self.kept = block.kept
+        self.kept += block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
                            graph_error=self.graph_error)
 
