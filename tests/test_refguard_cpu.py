@@ -60,18 +60,17 @@ def test_a_candidate_that_pins_the_reference_is_caught(guarded_run):
     """pin_reference pins the reference's threads to CPU 0 after each of its blocks: found, undone, and said."""
     v = guarded_run["pin_reference"]
     assert v["status"] == "suspicious" and v["correct"], (v["status"], v["error"])
-    assert "rescheduled" in v["error"] and "CPUs 0;" in v["error"], v["error"]
+    assert "rescheduled (CPUs 0," in v["error"], v["error"]
 
 
-def test_threads_spinning_while_the_candidate_waits_never_run_beside_the_reference(guarded_run):
-    """spin_while_waiting's threads count their work, and the part done while the reference's worker was busy."""
+def test_threads_spinning_while_the_candidate_waits_do_not_slow_the_reference(guarded_run):
+    """spin_while_waiting's threads are stopped with it for the reference's blocks (every thread: see
+    test_every_thread_is_stopped_before_the_reference_runs), so the reference beside it is the reference alone."""
     v = guarded_run["spin_while_waiting"]
     assert v["correct"], (v["status"], v["error"])
-    counts = re.findall(r"spin: (\d+) products, (\d+) of them while the reference was busy", v["log_text"])
-    assert counts, "the spinners never reported: this test would prove nothing"
-    spun, beside = map(int, counts[-1])
-    assert spun > 0, "the spinners never ran"
-    assert beside <= max(2, spun // 50), (spun, beside)  # a reply's last microseconds at most, never its blocks
+    assert re.search(r"spin: [1-9]\d* products", v["log_text"]), "the spinners never ran: this test would prove nothing"
+    assert v["timing"]["ref_alone_check"] in ("agrees", "refreshed"), v["timing"]
+    assert "reference" not in (v["error"] or ""), v["error"]
 
 
 def test_honest_control_and_the_reference_check(guarded_run):
