@@ -78,6 +78,11 @@ def _compare_values(exp: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
             where = _index(first, exp.shape)
             return TrialCheck(False, error=f"{count} {what} values where the reference has none, first at {where}")
     numel = max(flat_exp.numel(), 1)
+    if tally.special:  # the finite worst element would name a matching value: name a wrong non-finite one
+        at = tally.first_special
+        return TrialCheck(False, tally.max_diff, tally.sum_diff / numel, error=(
+            f"{tally.special} values differ where the reference has Inf or NaN, first at {_index(at, exp.shape)} "
+            f"(got {float(flat_out[at]):.6g}, expected {float(flat_exp[at]):.6g})"))
     result = TrialCheck(True, tally.max_diff, tally.sum_diff / numel)
     if tally.bad:
         worst = tally.worst
@@ -101,6 +106,8 @@ class _Tally:
     inf: int = 0
     first_nan: int = 0
     first_inf: int = 0
+    special: int = 0  # where the reference is Inf or NaN and the output is not the same
+    first_special: int = 0
     bad: int = 0
     max_diff: float = 0.0
     sum_diff: float = 0.0
@@ -136,6 +143,10 @@ class _Tally:
         finite = torch.isfinite(exp)
         diff = torch.where(finite, (out - exp).abs(), torch.zeros((), dtype=exp.dtype)).nan_to_num(nan=float("inf"))
         special_mismatch = ~finite & ~((out == exp) | (torch.isnan(out) & torch.isnan(exp)))
+        special = int(special_mismatch.sum())
+        if special and not self.special:
+            self.first_special = start + int(special_mismatch.nonzero()[0, 0])
+        self.special += special
         self.bad += int(((diff > atol + rtol * exp.abs()) | special_mismatch).sum())
         chunk_max, where = diff.max(dim=0)
         if start == 0 or float(chunk_max) > self.max_diff:

@@ -3,10 +3,17 @@ can reach.
 
 Each `TimedModel` is one model in its worker (the reference, its torch.compile, or a candidate). Blocks of
 calls alternate between them (ABBA order), all on the same schedule of rotating inputs, so clock drift
-and thermal state hit every one alike. Measurement stops when every median is stable (relative standard
-error under the target) after the minimum number of calls, or when the time budget or the call cap is
-reached. Every block is also timed by the harness's own clock, for the cross-checks in `plausibility`.
+and thermal state hit every one alike. Measurement stops when every model's time per call
+(`stats.per_call_ms`) is stable (relative standard error under the target) after the minimum number of
+calls, or when the time budget or the call cap is reached. Every block is also timed by the harness's own
+clock, for the cross-checks in `plausibility`.
 (Not to be confused with an evaluation lane, `lanes.py`: one GPU judging one candidate at a time.)
+
+A worker is sent one call at a time, each with its inputs' (base set, scale, seed), and the next only once it
+has answered: the schedule of a block is drawn here, from the system's randomness, and never crosses to a
+worker ahead of its call, so nothing in a candidate's process (its caller's frame, the request, a pipe's
+buffer) tells it what the next call will be or how many are left to come. Precomputing later calls'
+outputs during one call is impossible, and batching them is too.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class TimedModel:
     # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
     # (so computing them only then is caught by the clock check), the reference does the same copies.
     follow: Callable[[list[Call]], None] | None = None
+    before: Callable[[], None] | None = None  # right before its warm-up and each block, outside their wall clock
     layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
     event_ms: Samples = field(default_factory=Samples)
     device_ms: Samples = field(default_factory=Samples)
@@ -53,8 +61,9 @@ class TimedModel:
         self.event_ms, self.device_ms, self.block_gaps = (Samples(x) for x in (self.event_ms, self.device_ms,
                                                                               self.block_gaps))
 
-    def median(self) -> float:
-        return self.event_ms.median()
+    def per_call(self) -> float:
+        """What one call costs (`stats.per_call_ms`): every call of a window paid for, a slow window outvoted."""
+        return self.event_ms.per_call()
 
     def wall_per_call(self) -> float:
         return self.wall_ms / len(self.event_ms)
@@ -64,13 +73,16 @@ class TimedModel:
         so one block slowed by a garbage collection or a preemption does not decide)."""
         return self.block_gaps.median()
 
-    def add_block(self, reply: WorkerReply, wall_ms: float) -> None:
+    def add_block(self, replies: list[WorkerReply], wall_ms: float) -> None:
+        """One block: a reply per call (each sent alone), and the harness's wall clock over all of them."""
         self.wall_ms += wall_ms
-        self.event_ms += reply.samples_ms
-        self.device_ms += reply.device_ms
-        if reply.device_ms:
-            self.block_gaps.append((wall_ms - sum(reply.device_ms)) / len(reply.device_ms))
-        self.graph_error = self.graph_error or reply.graph_error
+        device = [d for reply in replies for d in reply.device_ms]
+        self.event_ms += [s for reply in replies for s in reply.samples_ms]
+        self.device_ms += device
+        if device:
+            self.block_gaps.append((wall_ms - sum(device)) / len(device))
+        for reply in replies:
+            self.graph_error = self.graph_error or reply.graph_error
 
     def paired_gaps(self, other: TimedModel) -> Samples:
         """Per block, this model's unexplained wall time per call minus `other`'s in the same block: the two
@@ -110,6 +122,8 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
     if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
         calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
     for one in timed:
+        if one.before:
+            one.before()
         _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
                                      warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
                                      graph=settings.cuda_graph), deadline)
@@ -119,14 +133,16 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
         for one in timed if blocks % 2 == 0 else timed[::-1]:
-            req = WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=schedule,
-                                graph=settings.cuda_graph, layout=one.layout)
+            if one.before:
+                one.before()
             cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
-            reply = _request(one, req, deadline)
+            replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
+                                                   first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1]),
+                                deadline) for i, call in enumerate(schedule)]
             if one.follow:
                 one.follow(schedule)
-            one.add_block(reply, (time.perf_counter_ns() - begun) / 1e6)
+            one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
             one.cpu_ms += process_cpu_ms(one.worker) - cpu_before
         if after_block:
             after_block(blocks, schedule)
@@ -141,7 +157,7 @@ def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> boo
         return True
     if elapsed >= settings.timing_budget:
         return calls >= min(settings.reps, BLOCK_CALLS)
-    return calls >= settings.reps and all(one.event_ms.rse() <= settings.target_rse for one in timed)
+    return calls >= settings.reps and all(one.event_ms.rse_per_call() <= settings.target_rse for one in timed)
 
 
 def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline) -> WorkerReply:

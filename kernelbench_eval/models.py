@@ -109,6 +109,11 @@ class Timing(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)
     device_busy: float | None = None  # share of the timing stage's wall time the timed calls kept the device busy
     exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
+    # the reference timed alone (`judge.refguard`): its time per call, interleaved / alone, and what was concluded:
+    # "agrees", "refreshed" (the machine changed: re-measured alone), "disturbed" (slowed beside the candidate)
+    ref_alone_ms: float | None = None
+    ref_alone_ratio: float | None = None
+    ref_alone_check: str | None = None
 
 
 class Baseline(BaseModel):
@@ -328,6 +333,7 @@ class WorkerRequest(BaseModel):
     warmup: int = 0
     warmup_seconds: float = 0.0
     graph: bool = False
+    first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
     # export (candidate) / compare_timed (checker): calls of the last block, and their slots
     calls: list[int] = Field(default_factory=list)
     layout: list[list[Slot]] = Field(default_factory=list)

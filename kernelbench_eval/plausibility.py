@@ -35,7 +35,7 @@ class Assessment:
 def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | None, threads: int | None = None
            ) -> Assessment:
     """The candidate's runtime and the reasons, if any, to distrust it."""
-    result = Assessment(runtime_ms=cand.median())
+    result = Assessment(runtime_ms=cand.per_call())
     cores, ref_cores = cand.cores_used(), ref.cores_used()
     if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
         result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
@@ -51,7 +51,7 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
     if device == "cuda":
         tail = cand.device_tail() - ref.device_tail()
         if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
-            result.runtime_ms = cand.device_ms.median() - ref.device_tail()
+            result.runtime_ms = cand.device_ms.per_call() - ref.device_tail()
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")

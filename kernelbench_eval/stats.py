@@ -1,10 +1,12 @@
-"""The statistics behind a timing claim, in one place: `Samples` (one model's per-call times, and what they
-summarise to), the stability of a median, a speedup's confidence interval, fast_p.
+"""The statistics behind a timing claim: what one call costs, how stable that is, a speedup's interval, fast_p.
 
-Medians, not means, because one preempted call must not move the answer; a bootstrap interval, because
-a speedup of 1.02x means nothing unless its interval excludes 1. `measure` collects `Samples`, the records
-keep their summary (`models.TimingStats.from_samples`), the reports read that. torch is imported only by
-the bootstrap (it resamples thousands of times), so the records can use this module without it.
+What a call costs is the median, over windows of WINDOW consecutive calls, of each window's mean: every call
+in a window is paid for (a candidate that does ten calls' work in one and answers the other nine from what it
+kept costs its real mean, where a median of calls would report the nine cheap ones), and one window slowed by a
+preemption is outvoted by the others. A bootstrap interval, because a speedup of 1.02x means nothing unless its
+interval excludes 1. `Samples` is the one type for per-call times: `measure` collects them, the records keep
+their summary (`models.TimingStats.from_samples`), the reports read that. torch is imported only by the
+bootstraps (they resample thousands of times), so the records can use this module without it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 BOOTSTRAP_RESAMPLES = 2000
 FAST_P = (0.0, 1.0, 1.5, 2.0)
+WINDOW = 10  # consecutive calls whose mean is one observation: a block on the GPU, ten 1-call blocks on the CPU
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal sample, scaled to its standard deviation
 MEDIAN_SE = 1.2533  # sqrt(pi/2): the median's standard error over the mean's, for normal samples
 
@@ -38,6 +41,13 @@ class Samples(list[float]):
     def rse(self) -> float:
         return rse_of_median(self)
 
+    def per_call(self) -> float:
+        """What one call costs (`per_call_ms`): what a runtime is reported as."""
+        return per_call_ms(self)
+
+    def rse_per_call(self) -> float:
+        return rse_per_call(self)
+
     def summary(self) -> dict[str, float | int]:
         """Median, mean, spread and extremes, as `models.TimingStats` stores them."""
         if not self:
@@ -52,6 +62,26 @@ class Samples(list[float]):
                 "max_ms": ordered[-1], "iqr_ms": q3 - q1, "calls": len(ordered)}
 
 
+def window_means(samples: Sequence[float], window: int = WINDOW) -> list[float]:
+    """The mean of every run of `window` consecutive calls (n // window runs, the rest spread over them)."""
+    n = len(samples)
+    if n == 0:
+        return []
+    count = max(1, n // window)
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return [math.fsum(samples[a:b]) / (b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def per_call_ms(samples: Sequence[float]) -> float:
+    """What one call costs: the median of the window means (`window_means`)."""
+    return statistics.median(window_means(samples))
+
+
+def rse_per_call(samples: Sequence[float]) -> float:
+    """Relative standard error of `per_call_ms`, from the spread of the window means (inf below two windows)."""
+    return rse_of_median(window_means(samples))
+
+
 def median_stderr(samples: Sequence[float]) -> float:
     """Standard error of the median, from the median absolute deviation (robust to outliers)."""
     if len(samples) < 2:
@@ -62,13 +92,14 @@ def median_stderr(samples: Sequence[float]) -> float:
 
 
 def rse_of_median(samples: Sequence[float]) -> float:
-    """Relative standard error of the median (`median_stderr` over the median)."""
+    """Relative standard error of the median, from the median absolute deviation (robust to outliers)."""
     if len(samples) < 2:
         return math.inf
     median = statistics.median(samples)
     if median <= 0:
         return math.inf
-    return median_stderr(samples) / median
+    mad = statistics.median(abs(x - median) for x in samples)
+    return MEDIAN_SE * MAD_TO_SIGMA * mad / math.sqrt(len(samples)) / median
 
 
 def bootstrap_ci(groups: Sequence[Sequence[float]], combine: Callable[[list[torch.Tensor]], torch.Tensor],
@@ -77,41 +108,54 @@ def bootstrap_ci(groups: Sequence[Sequence[float]], combine: Callable[[list[torc
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return _interval(combine([_resampled_medians(group, resamples, generator) for group in groups]), confidence)
+    medians = []
+    for group in groups:
+        data = torch.tensor(list(group), dtype=torch.float64)
+        idx = torch.randint(len(data), (resamples, len(data)), generator=generator)
+        medians.append(data[idx].median(dim=1).values)
+    values = combine(medians)
+    alpha = (1 - confidence) / 2
+    low, high = torch.quantile(values, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
+    return low, high
 
 
-def _resampled_medians(group: Sequence[float], resamples: int, generator: torch.Generator) -> torch.Tensor:
-    """The medians of `resamples` bootstrap resamples of one group, calls drawn independently."""
+def _windows(samples: Sequence[float]) -> torch.Tensor:
     import torch
 
-    data = torch.tensor(list(group), dtype=torch.float64)
-    idx = torch.randint(len(data), (resamples, len(data)), generator=generator)
-    return data[idx].median(dim=1).values
+    return torch.tensor(window_means(list(samples)), dtype=torch.float64)
 
 
-PAIR_RUN = 10  # consecutive pairs resampled together: host load lasts longer than one call
+def _resampled(windows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The median of each resample, as `statistics.median` takes it (the middle two averaged)."""
+    import torch
+
+    return torch.quantile(windows[idx], 0.5, dim=1)
 
 
-def paired_medians(reference: Sequence[float], candidate: Sequence[float], resamples: int,
+def paired_windows(reference: Sequence[float], candidate: Sequence[float], resamples: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bootstrap medians of two models timed side by side, resampling *pairs* in runs of PAIR_RUN.
+    """Bootstrap `per_call_ms` of two lanes timed side by side, resampling windows *in pairs*.
 
-    Call i of each model ran on the same inputs, moments apart, so a burst of host load slows both: resampling
-    the two independently treats that shared slowness as signal, and consecutive calls share a burst, so
+    Call i of each lane ran on the same inputs, moments apart, so a burst of host load slows both: resampling
+    the lanes independently treats that shared slowness as signal, and consecutive calls share a burst, so
     resampling single calls treats one burst as many independent facts. Both made intervals far too narrow
-    on a busy host (identical code at 0.67x with [0.66, 0.69]); a moving-block bootstrap of pairs does not.
+    on a busy host (identical code at 0.67x with [0.66, 0.69]); resampling window i of both lanes together does
+    not (a window is WINDOW consecutive calls: a block bootstrap).
     """
     import torch
 
-    ref = torch.tensor(list(reference), dtype=torch.float64)
-    cand = torch.tensor(list(candidate), dtype=torch.float64)
-    n = min(len(ref), len(cand))
-    ref, cand = ref[:n], cand[:n]
-    run = max(1, min(PAIR_RUN, n // 4 or 1))
-    runs = -(-n // run)
-    starts = torch.randint(n, (resamples, runs, 1), generator=generator)
-    idx = ((starts + torch.arange(run)) % n).reshape(resamples, -1)[:, :n]  # circular, so every call counts alike
-    return ref[idx].median(dim=1).values, cand[idx].median(dim=1).values
+    n = min(len(reference), len(candidate))
+    ref, cand = _windows(list(reference)[:n]), _windows(list(candidate)[:n])
+    idx = torch.randint(len(ref), (resamples, len(ref)), generator=generator)
+    return _resampled(ref, idx), _resampled(cand, idx)
+
+
+def unpaired_windows(samples: Sequence[float], resamples: int, generator: torch.Generator) -> torch.Tensor:
+    """Bootstrap `per_call_ms` of one lane timed on its own (a baseline), resampling its windows."""
+    import torch
+
+    windows = _windows(samples)
+    return _resampled(windows, torch.randint(len(windows), (resamples, len(windows)), generator=generator))
 
 
 def _interval(values: torch.Tensor, confidence: float) -> tuple[float, float]:
@@ -124,27 +168,38 @@ def _interval(values: torch.Tensor, confidence: float) -> tuple[float, float]:
 
 def speedup_ci(reference: Sequence[float], candidate: Sequence[float], confidence: float = 0.95,
                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """95 % interval of median(reference) / median(candidate), the two models' samples paired call by call."""
-    if len(reference) != len(candidate):  # not timed side by side: nothing to pair
-        return bootstrap_ci([reference, candidate], lambda m: m[0] / m[1], confidence, resamples, seed)
+    """95 % interval of per_call(reference) / per_call(candidate), the lanes' windows paired."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    ref, cand = paired_medians(reference, candidate, resamples, generator)
+    if len(reference) != len(candidate):  # not timed side by side: nothing to pair
+        return ratio_ci(reference, candidate, confidence, resamples, seed)
+    ref, cand = paired_windows(reference, candidate, resamples, generator)
     return _interval(ref / cand, confidence)
+
+
+def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95,
+             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of per_call(numerator) / per_call(denominator), measured apart (each resampled alone)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    top, bottom = unpaired_windows(numerator, resamples, generator), unpaired_windows(denominator, resamples, generator)
+    return _interval(top / bottom, confidence)
 
 
 def chained_speedup_ci(base_other: Sequence[float], base_eager: Sequence[float], eager: Sequence[float],
                        candidate: Sequence[float]) -> tuple[float, float]:
     """95 % interval of (other / eager) from the baseline times (eager / candidate) measured side by side."""
-    if len(eager) != len(candidate):
-        return bootstrap_ci([base_other, base_eager, eager, candidate], lambda m: m[0] / m[1] * m[2] / m[3])
     import torch
 
     generator = torch.Generator().manual_seed(0)
-    base = [_resampled_medians(group, BOOTSTRAP_RESAMPLES, generator) for group in (base_other, base_eager)]
-    ref, cand = paired_medians(eager, candidate, BOOTSTRAP_RESAMPLES, generator)
-    return _interval(base[0] / base[1] * ref / cand, 0.95)
+    other, base = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator) for group in (base_other, base_eager))
+    if len(eager) != len(candidate):
+        ref, cand = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator) for group in (eager, candidate))
+    else:
+        ref, cand = paired_windows(eager, candidate, BOOTSTRAP_RESAMPLES, generator)
+    return _interval(other / base * ref / cand, 0.95)
 
 
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:

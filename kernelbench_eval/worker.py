@@ -80,7 +80,8 @@ class Worker(ReferenceOps, CandidateOps):
         return reply
 
     def op_time(self, req: WorkerRequest) -> WorkerReply:
-        """One block of timed calls on rotating inputs; every call's outputs are kept for the checks."""
+        """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
+        every call's outputs are kept for the checks, the block's together."""
         torch = _torch()
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
@@ -88,17 +89,19 @@ class Worker(ReferenceOps, CandidateOps):
             self.rotation_sets = names
         model = self.models[req.model]
         # the candidate's copies go into the exchange; the checker's into storage of its own, made once and
-        # reused, so neither lane allocates per call (fresh pages per call made the reference 1.5-1.9x slower)
-        self.kept = []
+        # reused, so neither side allocates per call (fresh pages per call made the reference 1.5-1.9x slower)
+        if req.first == 0:
+            self.kept = []
         with torch.no_grad():
             if req.warmup:
                 timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
             if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
                 self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
-            keeper = self.exchange_keeper(req.layout) if req.layout else self.store_keeper(len(req.schedule))
+            keeper = (self.exchange_keeper(req.layout) if req.layout
+                      else self.store_keeper(req.first, len(req.schedule)))
             block = timing.time_block(model, self.rotation, req.schedule, self.device,
                                       self.replay if req.model == "main" else None, keeper)
-        self.kept = block.kept
+        self.kept += block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
                            graph_error=self.graph_error)
 

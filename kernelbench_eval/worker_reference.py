@@ -103,18 +103,18 @@ class ReferenceOps:
         _sync(self.device)
         return WorkerReply(ok=True, slots=slots)
 
-    def store_keeper(self, calls: int) -> timing.Keeper:
+    def store_keeper(self, first: int, calls: int) -> timing.Keeper:
         """While timed: each call's outputs copied into storage made before the block, as the candidate copies
         into the exchange. Keeping fresh outputs (or fresh clones) instead makes every call of a block
         allocate new memory, which on a CPU means new pages: an A/A test then found the reference 1.5-1.9x
-        slower than its own copy."""
+        slower than its own copy. `first`: the block's call index of this request's first call."""
         torch = _torch()
         template = self.expected[0] if getattr(self, "expected", None) else []
-        while len(self.store) < calls:
+        while len(self.store) < first + calls:
             self.store.append([torch.empty_like(e) if isinstance(e, torch.Tensor) else None for e in template])
 
         def keeper(call: int, out: Any) -> list[Any]:
-            outs, slots = as_list(out), self.store[call]
+            outs, slots = as_list(out), self.store[first + call]
             if len(slots) != len(outs):
                 slots[:] = [None] * len(outs)
             for k, o in enumerate(outs):

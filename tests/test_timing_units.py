@@ -13,7 +13,17 @@ from kernelbench_eval.check import degenerate_outputs
 from kernelbench_eval.measure import TimedModel, block_calls
 from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
 from kernelbench_eval.plausibility import assess, speedup_reason
-from kernelbench_eval.stats import Samples, chained_speedup_ci, fast_p, rse_of_median, speedup_ci
+from kernelbench_eval.stats import (
+    Samples,
+    chained_speedup_ci,
+    fast_p,
+    per_call_ms,
+    ratio_ci,
+    rse_of_median,
+    rse_per_call,
+    speedup_ci,
+    window_means,
+)
 from kernelbench_eval.timing import Rotation, keep, time_block
 
 
@@ -29,6 +39,32 @@ def test_rse_of_median_shrinks_with_samples_and_ignores_outliers():
     spiky = many[:-25] + [100.0] * 25  # 1 % of calls preempted: the median's error barely moves
     assert rse_of_median(spiky) < 1.2 * rse_of_median(many)
     assert rse_of_median([1.0]) == float("inf")
+
+
+def test_time_per_call_pays_for_every_call_of_a_window():
+    """Ten calls' work in one call and nine answered from a store cost their mean, not the median call's 0."""
+    precomputing = [10.0] + [0.0] * 9
+    assert statistics.median(precomputing * 20) == 0.0
+    assert per_call_ms(precomputing * 20) == pytest.approx(1.0)
+    assert per_call_ms(([1.0] * 9 + [0.0]) * 20) == pytest.approx(0.9)  # nothing gained by shifting work around
+
+
+def test_time_per_call_outvotes_a_slow_window_and_spreads_the_rest():
+    calls = [1.0] * 100
+    calls[37] = 500.0  # one preempted call: its window is outvoted by the nine others
+    assert per_call_ms(calls) == 1.0
+    assert window_means(list(range(25))) == [5.5, 18.0]  # 25 calls: two windows, of 12 and 13 calls
+    assert window_means([]) == [] and per_call_ms([2.0]) == 2.0
+    assert rse_per_call([1.0] * 9) == float("inf")  # one window: no spread to judge by, so timing goes on
+    assert rse_per_call(noisy(1.0, 0.05, 1000, 7)) < 0.01
+
+
+def test_ratio_of_times_measured_apart():
+    alone, beside = noisy(1.0, 0.02, 200, 8), noisy(3.0, 0.02, 200, 9)
+    low, high = ratio_ci(beside, alone)
+    assert 2.9 < low < 3 < high < 3.1
+    low, high = ratio_ci(alone, noisy(1.0, 0.02, 300, 10))
+    assert low < 1 < high
 
 
 def test_speedup_interval_covers_the_true_ratio_and_narrows():

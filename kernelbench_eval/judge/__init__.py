@@ -16,6 +16,7 @@ from kernelbench_eval.judge.candidate import CandidateRun, count_launches
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
 from kernelbench_eval.judge.timed import time_candidate
 from kernelbench_eval.models import Findings
+from kernelbench_eval.stats import per_call_ms
 
 __all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]
 
@@ -29,7 +30,7 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
                 count_launches(run)
         run.findings.problem_warning = ref.warning
         if ref.baseline and ref.baseline.compiled:
-            run.findings.compile_runtime_ms = ref.baseline.compiled.median_ms
+            run.findings.compile_runtime_ms = per_call_ms(ref.baseline.compiled_samples)
         if run.findings.timing is not None:
             run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
         return run.findings

@@ -20,6 +20,7 @@ import torch
 from kernelbench_eval.baselines import BaselineStore
 from kernelbench_eval.discover import Problem
 from kernelbench_eval.exchange import layout_bytes, output_layout
+from kernelbench_eval.judge.refguard import Sched, snapshot
 from kernelbench_eval.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.models import (
     Baseline,
@@ -70,6 +71,8 @@ class ReferenceSide:
         self.metas: list[list[TensorMeta]] = []  # per trial, the expected outputs' structure
         self.baseline: Baseline | None = None
         self.baseline_key: str | None = None
+        self.alone: list[float] = []  # the reference's calls timed alone, what its interleaved time is checked against
+        self.sched: dict[int, Sched] = {}  # how its worker's threads were scheduled once opened (`refguard`)
         self.device_name: str | None = None
         self.input_bytes = 0
         self.memory_bytes: int | None = None  # the device's (the host's on the CPU), as the checker reports it
@@ -106,6 +109,8 @@ class ReferenceSide:
                                         deadline.left())
             self.metas, self.warning = expected.expected, expected.warning
             self.baseline = self._baseline()
+            self.alone = self.baseline.eager_samples if self.baseline else self.time_alone()
+            self.sched = snapshot(self.worker.proc.pid) if self.worker.proc else {}
             init = self.workdir / "init.pt"  # read once, then gone: nothing in this folder for a candidate to alter
             self.init_bytes = init.read_bytes()
             init.unlink()
@@ -219,9 +224,16 @@ class ReferenceSide:
         self.store.put(baseline)
         return baseline
 
-    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline) -> list[float]:
+    def time_alone(self, budget: float | None = None) -> list[float]:
+        """The reference's calls timed with nothing interleaved (no candidate, or one stopped), within `budget` s."""
+        assert self.worker is not None
+        settings = self.settings if budget is None else self.settings.model_copy(update={"timing_budget": budget})
+        return self._measure_alone(self.worker, Deadline(self.timeout), settings)
+
+    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline, settings: RunSettings | None = None
+                       ) -> list[float]:
         timed = TimedModel(worker)
-        measure([timed], self.timing_sets(), self.settings, deadline, self.calls_per_block())
+        measure([timed], self.timing_sets(), settings or self.settings, deadline, self.calls_per_block())
         return timed.event_ms
 
     def _measure_compiled(self, baseline: Baseline) -> None:

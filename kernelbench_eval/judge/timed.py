@@ -4,7 +4,9 @@ While timed, the candidate's worker copies each call's outputs straight into the
 keeps its own; after each block (the hand-over inside the candidate's wall clock, so an answer computed only
 then shows as time its timer did not report) the checker compares every call in full with what the
 reference computed for the same call, while the candidate is frozen: a candidate that is right only for the
-first calls is `incorrect`, and nothing is sampled or fingerprinted that it could fake.
+first calls is `incorrect`, and nothing is sampled or fingerprinted that it could fake. The candidate runs
+only for its own blocks: it is stopped for the reference's and for the checks, and the reference is compared
+with itself timed alone (`refguard`), so slowing the reference down is not a way to look fast.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 
 from kernelbench_eval import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
+from kernelbench_eval.judge.refguard import Agreement, Guard, check_reference
 from kernelbench_eval.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.models import TensorMeta, Timing, TimingStats, WorkerRequest
 from kernelbench_eval.plausibility import Assessment, assess, speedup_reason
-from kernelbench_eval.stats import Samples, chained_speedup_ci, rse_of_median, speedup_ci
+from kernelbench_eval.stats import Samples, chained_speedup_ci, per_call_ms, rse_per_call, speedup_ci
 
 
 class _WrongOutput(Exception):
@@ -34,11 +37,14 @@ class _Timed:
     checks: int
     clocks: list[int | None]
     seconds: float
+    guard: Guard
+    agreement: Agreement | None = None
 
 
 def time_candidate(run: CandidateRun) -> None:
-    """Measure, and measure again once when the clocks disagree: a tampered timer disagrees every time,
-    a burst of host load (a busy CPU box) rarely twice. Only the last measurement is reported."""
+    """Measure, and measure again once when the clocks disagree or the reference was slowed beside the candidate:
+    a tampered timer or a disturbed reference does it every time, a burst of host load (a busy CPU box) rarely
+    twice. Only the last measurement is reported."""
     with run.stage("timing"):
         assert run.worker is not None
         run.ref.feed(run.worker, run.ref.timing_sets(), run.deadline)
@@ -48,9 +54,27 @@ def time_candidate(run: CandidateRun) -> None:
                 return
             verdict = assess(timed.ref, timed.cand, run.ref.settings.device, run.ref.floor_ms(),
                             run.ref.settings.threads)
-            if verdict.speedup_trusted or attempt == 2:
+            timed.agreement = _check_reference(run, timed)
+            disturbed = timed.agreement is not None and timed.agreement.outcome == "disturbed"
+            if (verdict.speedup_trusted and not disturbed) or attempt == 2:
                 _record(run, timed, verdict, attempt)
                 return
+
+
+def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
+    """The interleaved reference against the reference alone (`refguard`); the alone time refreshed when the
+    machine changed. The candidate stays stopped throughout, and is let go after."""
+    ref_side, guard = run.ref, timed.guard
+    try:
+        if not ref_side.alone:
+            return None
+        budget = min(max(ref_side.settings.timing_budget / 2, 1.0), run.deadline.left())
+        agreement, ref_side.alone = check_reference(timed.ref.event_ms, ref_side.alone, ref_side.settings.device,
+                                                    guard, lambda: ref_side.time_alone(budget))
+        return agreement
+    finally:
+        guard.release()
+        ref_side.broken |= guard.broken
 
 
 def _measure_once(run: CandidateRun) -> _Timed | None:
@@ -69,18 +93,19 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         """The reference makes the same round trip, so the hand-over's cost cancels in the clock check."""
         ref_side.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))), run.deadline.left())
 
-    ref = TimedModel(ref_side.worker, follow=mirror)
-    cand = TimedModel(run.worker, follow=hand_over, layout=layout)
+    guard = Guard(run.worker, ref_side.worker, ref_side.sched)
+    ref = TimedModel(ref_side.worker, follow=mirror, before=guard.before_reference)
+    cand = TimedModel(run.worker, follow=hand_over, layout=layout, before=guard.release)
     checked = 0
 
     def check(block: int, schedule: list[Call]) -> None:
-        """After both models ran the block: every call compared in full, with the candidate frozen meanwhile
+        """After both models ran the block: every call compared in full, with the candidate stopped meanwhile
         (no thread of its own can write into the exchange while the checker reads it)."""
         nonlocal checked
         started = time.perf_counter()
         calls = list(range(len(schedule)))
-        with run.worker.frozen():
-            result = ref_side.compare_timed(calls, layout[:len(calls)], exported)
+        guard.hold()
+        result = ref_side.compare_timed(calls, layout[:len(calls)], exported)
         run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
         checked += len(calls)
         run.note_diffs(result.max_abs_diff, result.mean_abs_diff)
@@ -95,38 +120,47 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         result = measure([ref, cand], ref_side.timing_sets(), settings, run.deadline, ref_side.calls_per_block(),
                          check)
     except _WrongOutput:
+        guard.release()
         return None
+    except BaseException:
+        guard.release()
+        raise
     clocks += [sm_clock_mhz(gpu)] if clocks else []
-    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started)
+    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard)
 
 
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
-    speedup = ref.median() / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
+    ref_ms, agreement = ref.per_call(), timed.agreement
+    speedup = ref_ms / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
     interval = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
     reason = speedup_reason(speedup, settings.max_speedup, interval)
-    reasons = verdict.reasons + ([reason] if reason else [])
+    reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
+    if agreement is not None and agreement.outcome == "disturbed":
+        reasons.append(agreement.reason(ref_ms))
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
         speedup_ci=interval,
-        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=rse_of_median(cand.event_ms),
-        ref_rse=rse_of_median(ref.event_ms), wall_ms_per_call=cand.wall_per_call(),
+        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=rse_per_call(cand.event_ms),
+        ref_rse=rse_per_call(ref.event_ms), wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
         device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
         event_overhead_ms=run.ref.event_overhead_ms,
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
-        floor_ms=run.ref.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind)
-    findings.ref_runtime_ms, findings.ref_runtime_stats = ref_stats.median_ms, ref_stats
+        floor_ms=run.ref.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
+        ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
+        ref_alone_check=agreement.outcome if agreement else None)
+    findings.ref_runtime_ms, findings.ref_runtime_stats = ref_ms, ref_stats
     findings.correct, findings.runtime_ms, findings.runtime_stats = True, verdict.runtime_ms, stats
     findings.speedup = findings.speedup_vs_eager = speedup
     findings.speedup_vs_eager_ci = findings.timing.speedup_ci
     base = run.ref.baseline
     if speedup and base and base.compiled:
-        findings.speedup_vs_compile = base.compiled.median_ms / base.eager.median_ms * speedup
+        findings.speedup_vs_compile = per_call_ms(base.compiled_samples) / per_call_ms(base.eager_samples) * speedup
         findings.speedup_vs_compile_ci = chained_speedup_ci(
             base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms))
     if reasons:
@@ -134,6 +168,6 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
 
 
 def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
-    """Samples moved so their median is the runtime we stand behind (device-wide when work escaped)."""
-    shift = runtime_ms - Samples(samples).median()
+    """Samples moved so their time per call is the runtime we stand behind (device-wide when work escaped)."""
+    shift = runtime_ms - Samples(samples).per_call()
     return [s + shift for s in samples] if shift else samples

@@ -1,0 +1,233 @@
+"""The reference cannot be slowed by the candidate it is timed against, and the schedule cannot be precomputed.
+
+One real CPU run of the command line over `fixtures/attacks_reference` (candidates that stop, pin or crowd out the
+reference's worker while it is timed, an honest control, and one that precomputes), then the pieces of
+`judge.refguard` and the one-call-at-a-time protocol on processes and numbers this test controls. No assertion
+here rests on how fast anything ran: the attacks are caught by what the harness finds (a stopped or rescheduled
+reference), or shown harmless by what they could see or do (the candidates log it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import FIXTURES, kbeval, read_verdicts
+from timed import assert_timed_sanely
+
+from kernelbench_eval import measure as measure_module
+from kernelbench_eval.baselines import BaselineStore
+from kernelbench_eval.compile import compile_candidate
+from kernelbench_eval.discover import Problem, make_candidate, sha256_file
+from kernelbench_eval.judge import ReferenceSide, Secrets, judge
+from kernelbench_eval.judge.refguard import Guard, check_reference, sched_of, snapshot, stop_group, threads
+from kernelbench_eval.measure import Deadline, Lane, measure
+from kernelbench_eval.models import RunSettings, WorkerReply
+
+PROBLEMS = FIXTURES / "attack_problems"
+ATTACKS = FIXTURES / "attacks_reference"
+
+
+@pytest.fixture(scope="module")
+def guarded_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("refguard")
+    proc = kbeval("run", "--device", "cpu", "--problems", str(PROBLEMS), "--candidates", str(ATTACKS),
+                  "--trials", "2", "--timeout", "120", "--threads", "1", "--timing-budget", "5", "--max-speedup", "0",
+                  "--no-compile-baseline", "--out", str(out), "--run-id", "r", cache=build_cache, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdicts = read_verdicts(out / "r")
+    for v in verdicts.values():
+        v["log_text"] = (out / "r" / v["log"]).read_text(errors="replace") if v.get("log") else ""
+    return verdicts
+
+
+def _reference_reasons(v: dict) -> list[str]:
+    """What the guard says when something was done to the reference (`judge.refguard`)."""
+    said = ("found stopped", "rescheduled", "alone with the candidate stopped", "did not stop")
+    return [s for s in said if s in (v["error"] or "")]
+
+
+def test_a_candidate_that_stops_the_reference_is_caught(guarded_run):
+    """stop_reference SIGSTOPs the reference's worker in pulses: it is found stopped (and continued) before a block."""
+    v = guarded_run["stop_reference"]
+    assert "stop_reference:" in v["log_text"], "the attack never ran: this test would prove nothing"
+    assert v["status"] == "suspicious" and v["correct"], (v["status"], v["error"])
+    assert "found stopped" in v["error"], v["error"]
+
+
+def test_a_candidate_that_pins_the_reference_is_caught(guarded_run):
+    """pin_reference pins the reference's threads to CPU 0 after each of its blocks: found, undone, and said."""
+    v = guarded_run["pin_reference"]
+    assert v["status"] == "suspicious" and v["correct"], (v["status"], v["error"])
+    assert "rescheduled (CPUs 0," in v["error"], v["error"]
+
+
+def test_threads_spinning_while_the_candidate_waits_do_not_slow_the_reference(guarded_run):
+    """spin_while_waiting's threads are stopped with it for the reference's blocks (every thread: see
+    test_every_thread_is_stopped_before_the_reference_runs), so the reference beside it is the reference alone."""
+    v = guarded_run["spin_while_waiting"]
+    assert v["correct"], (v["status"], v["error"])
+    assert re.search(r"spin: [1-9]\d* products", v["log_text"]), "the spinners never ran: this test would prove nothing"
+    assert v["timing"]["ref_alone_check"] in ("agrees", "refreshed"), v["timing"]
+    assert not _reference_reasons(v), v["error"]
+
+
+def test_honest_control_and_the_reference_check(guarded_run):
+    honest = guarded_run["honest"]
+    assert_timed_sanely(honest, "honest")
+    timing = honest["timing"]
+    assert timing["ref_alone_check"] in ("agrees", "refreshed"), timing  # never "disturbed" for honest code
+    assert timing["ref_alone_ms"] > 0 and timing["ref_alone_ratio"] > 0
+    assert not _reference_reasons(honest), honest["error"]
+
+
+def test_one_call_at_a_time_leaves_nothing_to_precompute_end_to_end(guarded_run):
+    v = guarded_run["precompute"]
+    assert v["correct"], (v["status"], v["error"])
+    assert "precompute: saw" not in v["log_text"]
+
+
+# -- the schedule, one call at a time (a block of ten calls on the CPU: what a GPU block is) ---------------
+
+
+def test_a_precomputing_candidate_sees_no_future_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With ten-call blocks, precompute would find the block's schedule in its caller's frame; sent one call at a
+    time, it finds only its own call, and pays for every call (it says in its log when it saw more)."""
+    monkeypatch.setattr(measure_module, "CPU_BLOCK_CALLS", 10)
+    problem = Problem("mm_relu", PROBLEMS / "mm_relu.py", sha256_file(PROBLEMS / "mm_relu.py"))
+    settings = RunSettings(device="cpu", trials=1, reps=30, max_reps=60, timing_budget=2.0, warmup=2,
+                           compile_baseline=False, max_speedup=0, threads=1)
+    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "ref.log", 120, 120,
+                        BaselineStore(tmp_path / "baselines.json")).open()
+    try:
+        assert ref.error is None, ref.error
+        path = ATTACKS / "mm_relu" / "precompute.py"
+        build = compile_candidate(make_candidate(problem, path), "cpu", tmp_path / "cache", tmp_path / "c.log", 120)
+        assert build.record.ok, build.record.error
+        findings = judge(ref, build, path, tmp_path / "precompute.log", 120)
+    finally:
+        ref.close()
+    assert findings.correct, (findings.status, findings.error)
+    assert findings.timing is not None and findings.timing.checked_calls >= 30
+    assert "precompute: saw" not in (tmp_path / "precompute.log").read_text(errors="replace")
+
+
+class _Recorder:
+    """A lane's worker that answers every `time` request with one call of 1 ms, keeping the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+        self.proc = None
+
+    def call(self, req, timeout):  # noqa: ANN001, ANN201 (a WorkerProcess stand-in)
+        self.requests.append(req)
+        return WorkerReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
+
+
+def test_workers_are_sent_one_call_at_a_time():
+    worker = _Recorder()
+    settings = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
+    result = measure([Lane(worker)], ["a", "b"], settings, Deadline(60), calls_per_block=10)  # type: ignore[arg-type]
+    timed = [r for r in worker.requests if r.schedule]
+    assert result.blocks == 3 and len(timed) == 30
+    assert all(len(r.schedule) == 1 for r in timed)
+    assert [r.first for r in timed[:10]] == list(range(10))  # where each call goes in its block's kept outputs
+
+
+# -- the guard on processes this test starts ----------------------------------------------------------------
+
+_BUSY = "import threading, time\n" \
+        "def spin():\n    while True:\n        sum(range(1000))\n" \
+        "for _ in range(2):\n    threading.Thread(target=spin, daemon=True).start()\n" \
+        "while True:\n    time.sleep(0.01)\n"
+
+
+def _start(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def _worker(proc: subprocess.Popen) -> SimpleNamespace:
+    return SimpleNamespace(proc=proc)
+
+
+@pytest.fixture
+def pair():
+    cand, ref = _start(_BUSY), _start("import time\nwhile True:\n    time.sleep(0.01)\n")
+    time.sleep(0.5)  # threads started
+    yield cand, ref
+    for proc in (cand, ref):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _states(pid: int) -> set[str]:
+    return {Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in threads(pid)}
+
+
+def test_every_thread_is_stopped_before_the_reference_runs(pair):
+    cand, _ = pair
+    assert len(threads(cand.pid)) == 3 and _states(cand.pid) & {"R", "S"}
+    assert stop_group(cand.pid)
+    assert _states(cand.pid) <= {"T", "t"}  # all of them, not only the one that took the signal
+    os.killpg(cand.pid, signal.SIGCONT)
+
+
+def test_a_stopped_or_rescheduled_reference_is_found_and_put_back(pair):
+    cand, ref = pair
+    opened = snapshot(ref.pid)
+    guard = Guard(_worker(cand), _worker(ref), opened)  # type: ignore[arg-type]
+    guard.before_reference()
+    guard.release()
+    assert guard.reasons() == []  # nothing done to it: nothing said
+    os.kill(ref.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while _states(ref.pid) != {"T"} and time.monotonic() < deadline:  # the stop is taken when it is scheduled
+        time.sleep(0.001)
+    cpus = sorted(os.sched_getaffinity(ref.pid))
+    os.sched_setaffinity(ref.pid, {cpus[0]})  # a change wherever there are two CPUs or more
+    os.setpriority(os.PRIO_PROCESS, ref.pid, 5)  # a change everywhere
+    guard.before_reference()
+    try:
+        time.sleep(0.05)
+        assert _states(ref.pid) != {"T"}  # running again
+        assert os.sched_getaffinity(ref.pid) == set(cpus)
+        assert sched_of(ref.pid) == opened[ref.pid] or guard.broken  # a plain user cannot lower a nice value back
+        reasons = " ".join(guard.reasons())
+        assert "found stopped" in reasons and "rescheduled" in reasons and "nice 5" in reasons, reasons
+        assert _states(cand.pid) <= {"T", "t"}
+    finally:
+        guard.release()
+
+
+def test_the_reference_alone_decides_between_a_disturbed_reference_and_a_changed_machine(pair):
+    """Numbers, not clocks: the interleaved reference 3x its alone time is `disturbed` when the reference is fast
+    alone right after, and the machine `refreshed` when it is as slow alone; a near-1 ratio re-measures nothing."""
+    cand, ref = pair
+    guard = Guard(_worker(cand), _worker(ref), snapshot(ref.pid))  # type: ignore[arg-type]
+    alone = [1.0 + 0.01 * (i % 7) for i in range(100)]
+    slow = [3 * x for x in alone]
+
+    def never() -> list[float]:
+        raise AssertionError("re-measured although the times agreed")
+
+    agreement, kept = check_reference([x * 1.05 for x in alone], alone, "cpu", guard, never)
+    assert agreement.outcome == "agrees" and kept is alone
+    try:
+        agreement, kept = check_reference(slow, alone, "cpu", guard, lambda: list(alone))
+        assert agreement.outcome == "disturbed" and kept is alone and agreement.ratio == pytest.approx(3, rel=0.05)
+        assert guard.held  # the candidate stayed stopped while the reference was timed alone
+        assert "alone with the candidate stopped" in agreement.reason(3.0)
+        fresh = list(slow)
+        agreement, kept = check_reference(slow, alone, "cpu", guard, lambda: fresh)
+        assert agreement.outcome == "refreshed" and kept is fresh  # later candidates are compared with it
+        agreement, kept = check_reference(alone, slow, "cpu", guard, lambda: list(alone))
+        assert agreement.outcome == "refreshed"  # a stale, slow baseline is replaced, nobody blamed
+    finally:
+        guard.release()
