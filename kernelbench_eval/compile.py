@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from kernelbench_eval import keys, locks
+from kernelbench_eval import keys, locks, sandbox
 from kernelbench_eval.discover import Candidate
 from kernelbench_eval.models import CompileRecord, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
@@ -72,7 +72,7 @@ def compile_candidate(
     for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
         try:
             with build_lock(build, verify=False):
-                return _compile_locked(candidate, build, log_path, timeout)
+                return _compile_locked(candidate, build, log_path, timeout, device)
         except OSError as exc:
             error = f"build folder unusable: {exc}"
             if attempt == 0 and not isinstance(exc, locks.LockError):
@@ -139,7 +139,7 @@ def adopt(build: Path, record: CompileRecord) -> None:
                   log_file.read_text(errors="replace") if log_file.exists() else "")
 
 
-def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> Compiled:
+def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str) -> Compiled:
     key = keys.load_key(build.parent.parent)
     record = _verified(build, key)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,11 +148,13 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
         return Compiled(record, build, cached=True)
     _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
-    record = _import_once(candidate, build, log_path, timeout)
+    record = _import_once(candidate, build, log_path, timeout, device)
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
         _write_record(build, key, record, log)
+    else:  # nothing of it is kept: a record it planted there (candidates can read the key) must not be found
+        _clear(build)
     return Compiled(record, build, cached=False)
 
 
@@ -164,10 +166,11 @@ def _clear(build: Path) -> None:
         shutil.rmtree(build)
 
 
-def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float) -> CompileRecord:
+def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str) -> CompileRecord:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kbeval-compile-") as workdir:
-        worker = WorkerProcess(Path(workdir), log_path, extension_env(build))
+        confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
+        worker = WorkerProcess(Path(workdir), log_path, extension_env(build), sandbox=confined)
         req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
         try:
             with worker:
@@ -180,6 +183,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
                 error=f"compile gave {failure.message}" if timed_out else failure.message,
                 timed_out=timed_out,
                 seconds=time.perf_counter() - started,
+                sandbox=worker.sandbox_record,
             )
     return CompileRecord(
         ok=reply.ok,
@@ -187,6 +191,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         error=reply.error,
         seconds=time.perf_counter() - started,
         torch_version=reply.torch_version or "",
+        sandbox=worker.sandbox_record,
     )
 
 

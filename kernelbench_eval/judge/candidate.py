@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kernelbench_eval import sandbox
 from kernelbench_eval.compile import Compiled, build_lock, extension_env
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
 from kernelbench_eval.measure import Deadline
@@ -78,16 +79,22 @@ class CandidateRun:
         """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
         with self.stage("loading", "spawn"):
             (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
-            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | extension_env(self.build.build_dir),
-                                        time_limit=self.timeout)
+            build = self.build.build_dir  # load_inline takes its lock and ninja logs there; Triton its cache
+            confined = sandbox.spec([self.workdir, build / "ext", build / "triton"], self.ref.settings.device,
+                                    "evaluate")
+            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | extension_env(build),
+                                        time_limit=self.timeout, sandbox=confined)
             self.worker.start()
         if not self.ok:
             return False
         with self.stage("loading", "load"):
             with build_lock(self.build.build_dir):  # load_inline's own lock file may be stale (see build_lock)
                 self.deadline = Deadline(self.timeout)  # a wait for the lock is not the candidate's time
-                reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
-                                         self.deadline.left())
+                try:
+                    reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
+                                             self.deadline.left())
+                finally:
+                    self.findings.sandbox = self.worker.sandbox_record
             self.findings.device_name = reply.device_name or self.findings.device_name
             self._attach()
         return self.ok
