@@ -161,6 +161,7 @@ def test_contained_attacks_are_blocked_and_verdicts_stay(contained) -> None:
     build = attempts(run_dir, "write_outside", "compile")  # the build's worker is contained too
     assert build["write_outside_build"].startswith("blocked") and build["write_own_build"].startswith("succeeded")
     assert attempts(run_dir, "write_outside")["write_own_evaluate"].startswith("succeeded")
+    assert attempts(run_dir, "zz_daemon", "compile")["daemon_build"].startswith("succeeded")  # and was killed
     assert planted(root) == [] and not (root / "out" / "baselines.json").exists()  # (no baseline is measured)
     assert listener.received == []
     assert daemons() == []  # killed with its evaluation's cgroup, not merely unable to write
