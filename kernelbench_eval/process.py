@@ -96,13 +96,15 @@ class WorkerProcess:
         env[TOKEN_VAR] = self._token
         if self.sandbox is not None:
             env[sandbox.SPEC_VAR] = self.sandbox.model_dump_json()
-            env["TMPDIR"] = str(self.workdir)  # it may write nowhere else (compilers and torch put files there)
+            if "landlock" in self.sandbox.layers:  # it may write nowhere else (compilers and torch put files there)
+                env["TMPDIR"] = str(self.workdir)
         return env
 
     def _start_cold(self, env: dict[str, str], write_fd: int) -> subprocess.Popen[bytes]:
         """A fresh interpreter: what every worker was before the fork server, and its fallback."""
+        entry = "kernelbench_eval.sandbox" if self.sandbox is not None else "kernelbench_eval.worker"  # (its docs)
         return subprocess.Popen(
-            [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
+            [sys.executable, "-m", entry, "--reply-fd", str(write_fd)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # a pipe, not the log file: the child never learns where results live
             stderr=subprocess.STDOUT,

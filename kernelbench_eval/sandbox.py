@@ -8,8 +8,9 @@ code, in its own process (no helper binary, no extra `import torch`); the harnes
 its own beforehand and kills that cgroup whole when its work ends. In order:
 
 1. `netns`: a network namespace of its own, with no interface up (no TCP, UDP or anything else out);
-2. `caps`: every capability dropped for good (bounding set, securebits), so root is an ordinary user that
-   cannot read non-dumpable processes (the checker, the harness, the fork server, other workers);
+2. `caps`: every capability dropped for good (`capabilities.py`), so root is an ordinary user that cannot
+   read or re-schedule processes holding capabilities or non-dumpable (the checker, the harness, the fork
+   server, other workers);
 3. CUDA initialised (a CUDA run only), since `cuInit` needs what comes next would refuse;
 4. `landlock`: writes only to the worker's own folder (and, for a build, its build folder), device files,
    and its own /proc entries; ptrace, signals and abstract unix sockets confined to its own processes;
@@ -41,16 +42,14 @@ import threading
 from pathlib import Path
 from typing import Literal
 
-from kernelbench_eval import cgroups, landlock, seccomp
-from kernelbench_eval.models import SandboxRecord, SandboxSpec
+from kernelbench_eval import capabilities, cgroups, landlock, seccomp
+from kernelbench_eval.models import SandboxRecord, SandboxSpec, WorkerReply
 
 SPEC_VAR = "KBEVAL_SANDBOX_SPEC"  # the spec, in the worker's environment (popped before candidate code runs)
 OFF_VAR = "KBEVAL_SANDBOX_OFF"
 LAYERS = ("cgroup", "netns", "caps", "landlock", "seccomp")
 _CLONE_NEWNET = 0x40000000
-_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 4, 24, 28, 38, 47
-_SECUREBITS_LOCKED_DOWN = 0xEF  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS off, NO_CAP_AMBIENT_RAISE, each locked
-_CAP_V3 = 0x20080522
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
 _libc = ctypes.CDLL(None, use_errno=True)
 _pinned: list[int] = []  # O_PATH fds held for the worker's life (see `_own_proc`)
 _warned: set[str] = set()
@@ -118,7 +117,7 @@ def probe(timeout: float = 60.0) -> SandboxRecord:
         wanted = spec([Path(tmp)], "cpu", "build")
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
                SPEC_VAR: wanted.model_dump_json()}
-        proc = subprocess.Popen([sys.executable, "-m", "kernelbench_eval.sandbox"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "kernelbench_eval.sandbox", "--probe"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp)
         leaf, why = join_leaf(wanted, proc.pid)
         try:
@@ -147,6 +146,15 @@ def finish(record: SandboxRecord, in_leaf: bool, why: str | None) -> SandboxReco
 # -- worker side ----------------------------------------------------------------------------------------------
 
 
+def enter_and_report(reply_fd: int) -> None:
+    """A worker's first act: confine itself as the harness asked (if it did) and say so on its reply pipe."""
+    record = enter_from_env()
+    if record is not None:
+        data = (WorkerReply(ok=True, sandbox=record).model_dump_json() + "\n").encode()
+        while data:
+            data = data[os.write(reply_fd, data):]
+
+
 def enter_from_env() -> SandboxRecord | None:
     """In a new worker, before any candidate code: apply the spec the harness set, if any; what held."""
     raw = os.environ.pop(SPEC_VAR, None)
@@ -167,8 +175,9 @@ def apply(wanted: SandboxSpec) -> SandboxRecord:
             record.missing[layer] = "turned off"
     if "netns" in layers:
         record.netns = _step(record, "netns", lambda: _check(_libc.unshare(_CLONE_NEWNET), "unshare"))
+    had_capabilities = capabilities.held()
     if "caps" in layers:
-        record.caps_dropped = _step(record, "caps", _drop_capabilities)
+        record.caps_dropped = _step(record, "caps", capabilities.drop_all)
     if wanted.cuda != "none":
         with contextlib.suppress(Exception):  # a worker without a usable GPU fails later, as it would anyway
             _init_cuda(wanted.cuda)
@@ -184,8 +193,8 @@ def apply(wanted: SandboxSpec) -> SandboxRecord:
         signals = not record.landlock_scopes  # Landlock cannot scope signals here: refuse them by pid instead
         record.seccomp = _step(record, "seccomp", lambda: seccomp.install(signals))
         record.seccomp_signals = record.seccomp and signals
-    if record.caps_dropped:  # only a process with CAP_SYS_PTRACE (the harness) may read this one's memory now
-        _prctl(_PR_SET_DUMPABLE, 0)
+    if record.caps_dropped and had_capabilities:  # run as root: only the harness may read its memory now
+        _prctl(_PR_SET_DUMPABLE, 0)  # (not as a user: the harness reads its /proc files to find what it left)
     return record.settle()
 
 
@@ -204,39 +213,9 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _prctl(option: int, arg2: int, arg3: int = 0) -> int:
-    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
+def _prctl(option: int, arg2: int) -> int:
+    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0),
                        ctypes.c_ulong(0))
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _drop_capabilities() -> None:
-    """Every capability gone from every set, and root's automatic ones after an exec locked off."""
-    if _capabilities("CapPrm") or _capabilities("CapBnd"):
-        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-        _check(_prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED_DOWN), "securebits")
-        for cap in range(last + 1):
-            _check(_prctl(_PR_CAPBSET_DROP, cap), "capbset_drop")
-        _prctl(_PR_CAP_AMBIENT, 4)  # PR_CAP_AMBIENT_CLEAR_ALL (absent before Linux 4.3: nothing to clear)
-        data = (_CapData * 2)()
-        _check(_libc.capset(ctypes.byref(_CapHeader(_CAP_V3, 0)), data), "capset")
-    left = [name for name in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb") if _capabilities(name)]
-    if left:
-        raise OSError(f"capabilities left: {', '.join(left)}")
-
-
-def _capabilities(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1], 16)
-    return 0
 
 
 def _threads() -> int:
@@ -272,10 +251,24 @@ def _device_files() -> list[Path]:
 
 
 def main() -> None:
-    """The probe (`probe`): wait for the harness to place this process in its leaf, apply, report."""
-    sys.stdin.readline()
-    record = enter_from_env() or SandboxRecord(missing={"all": "no spec"})
-    print(json.dumps(record.model_dump(mode="json")), flush=True)
+    """`--probe` (`probe`): wait until placed in a leaf, apply, print the record. `--reply-fd N`: a cold
+    candidate worker (no fork server), confined before it imports torch (whose import starts a thread, and
+    Landlock, capabilities and namespaces are per thread), then the worker itself."""
+    import argparse
+    import runpy
+
+    parser = argparse.ArgumentParser(description="kbeval sandbox entry (started by the harness, not by hand)")
+    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--reply-fd", type=int)
+    args = parser.parse_args()
+    if args.probe:
+        sys.stdin.readline()
+        record = enter_from_env() or SandboxRecord(missing={"all": "no spec"})
+        print(json.dumps(record.model_dump(mode="json")), flush=True)
+        return
+    enter_and_report(args.reply_fd)
+    sys.argv = ["", "--reply-fd", str(args.reply_fd)]  # argv[0] becomes the module's path, as with -m
+    runpy.run_module("kernelbench_eval.worker", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

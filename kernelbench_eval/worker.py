@@ -196,9 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
     reply_fd = parser.parse_args().reply_fd
-    record = sandbox.enter_from_env()  # a candidate's worker: confined before it reads its first request
-    if record is not None:
-        _write_all(reply_fd, (WorkerReply(ok=True, sandbox=record).model_dump_json() + "\n").encode())
+    sandbox.enter_and_report(reply_fd)  # a candidate's worker: confined before it reads its first request
     serve(reply_fd)
 
 

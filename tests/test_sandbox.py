@@ -31,9 +31,11 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT
 
-from kernelbench_eval import cgroups, landlock, sandbox, seccomp
-from kernelbench_eval.models import CONTAINMENT, SandboxRecord
-from kernelbench_eval.process import worker_env
+from kernelbench_eval import cgroups, keys, landlock, sandbox, seccomp
+from kernelbench_eval.compile import RECORD_NAME, _verified, build_dir, compile_candidate
+from kernelbench_eval.discover import Problem, make_candidate
+from kernelbench_eval.models import CONTAINMENT, SandboxRecord, WorkerRequest
+from kernelbench_eval.process import WorkerProcess, worker_env
 
 SBX = FIXTURES / "attacks_sandbox"
 FAST = ("--device", "cpu", "--jobs", "1", "--timeout", "60", "--trials", "2", "--timing-budget", "0.3",
@@ -295,9 +297,11 @@ def test_a_cgroup_leaf_kills_what_escaped_group_and_token(tmp_path: Path) -> Non
     proc.stdin.close()
 
     def escaped() -> list[str]:
-        return [e for e in os.listdir("/proc") if e.isdigit() and mark in _cmd(e)]
+        """The daemon once it is Python (before, `setsid` or `env` show the mark too, still in the group)."""
+        return [e for e in os.listdir("/proc") if e.isdigit() and _cmd(e).startswith(sys.executable)
+                and mark in _cmd(e)]
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a busy machine is slow to start Python
     while not escaped() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert escaped(), "the escapee did not start"
@@ -313,6 +317,39 @@ def _cmd(pid: str) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     return ""
+
+
+def test_a_timed_out_build_leaves_no_record_to_trust(tmp_path: Path) -> None:
+    """build/forge_then_hang.py signs a record in its own build folder (it can read the key), then times out:
+    the folder is removed, so no later run finds that record (with the folder kept, it verified)."""
+    problem = Problem("sbx", SBX / "problems" / "sbx.py", "0" * 64)
+    cand = make_candidate(problem, SBX / "build" / "forge_then_hang.py")
+    cache, log = tmp_path / "cache", tmp_path / "compile.log"
+    got = compile_candidate(cand, "cpu", cache, log, 20)
+    assert got.record.timed_out and "FORGED" in log.read_text()
+    build = build_dir(cache, cand, "cpu")
+    assert not (build / RECORD_NAME).exists()
+    assert _verified(build, keys.load_key(cache)) is None
+
+
+@needs_full
+@pytest.mark.parametrize("forked", [True, False])
+def test_forked_and_cold_workers_confine_themselves_before_candidate_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forked: bool) -> None:
+    """A cold worker (no fork server) confines itself before it imports torch, whose import starts a thread:
+    single-threaded, every layer covers the whole process either way."""
+    monkeypatch.setenv("KBEVAL_FORKSERVER", "1" if forked else "0")
+    outside, work = tmp_path / "outside", tmp_path / "work"
+    outside.mkdir()
+    module = tmp_path / "writer.py"
+    module.write_text(f"open({str(outside / 'PLANTED')!r}, 'w').close()\n")
+    confined = sandbox.spec([work], "cpu", "build")
+    with WorkerProcess(work, tmp_path / "log", sandbox=confined) as worker:
+        reply = worker.request(WorkerRequest(op="import", path=str(module)), 120)
+        record = worker.sandbox_record
+    assert not reply.ok and "Permission denied" in (reply.error or "")
+    assert not (outside / "PLANTED").exists()
+    assert record is not None and record.uncontained == [] and record.landlock_all_threads, record
 
 
 # -- probes, records, settings -------------------------------------------------------------------------------
