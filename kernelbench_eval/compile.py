@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernelbench_eval import keys, locks
+from kernelbench_eval import keys, locks, sandbox
 from kernelbench_eval.discover import Candidate
 from kernelbench_eval.models import CompileRecord, WorkerRequest
 from kernelbench_eval.process import WorkerFailure, WorkerProcess
@@ -108,7 +108,7 @@ def compile_candidate(candidate: Candidate, device: str, cache_dir: Path, log_pa
     for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
         try:
             with build_lock(build, verify=False):
-                return _compile_locked(candidate, build, log_path, timeout, spec)
+                return _compile_locked(candidate, build, log_path, timeout, device, spec)
         except OSError as exc:
             error = f"build folder unusable: {exc}"
             if attempt == 0 and not isinstance(exc, locks.LockError):
@@ -182,8 +182,8 @@ class _Warm(NamedTuple):
     device: str
 
 
-def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm | None
-                    ) -> Compiled:
+def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
+                    warm: _Warm | None) -> Compiled:
     key = keys.load_key(build.parent.parent)
     record = _verified(build, key)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,11 +194,13 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
         return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
     _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
-    record = _import_once(candidate, build, log_path, timeout, warm)
+    record = _import_once(candidate, build, log_path, timeout, device, warm)
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
         _write_record(build, key, record, log)
+    else:  # nothing of it is kept: a record it planted there (candidates can read the key) must not be found
+        _clear(build)
     return Compiled(record, build, cached=False)
 
 
@@ -220,7 +222,7 @@ def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: flo
                  built: CompileRecord, key: bytes) -> CompileRecord:
     """Warm a verified, unwarmed build (in a worker that imports it again, then calls it); record and sign it."""
     shutil.rmtree(build / "triton", ignore_errors=True)  # whatever is there is no warm-up of ours
-    record = _import_once(candidate, build, log_path, timeout, warm)
+    record = _import_once(candidate, build, log_path, timeout, warm.device, warm)
     record = record.model_copy(update={"seconds": built.seconds + record.seconds})  # all of it is build work
     if not record.timed_out:
         log = (build / "compile.log").read_text(errors="replace") if (build / "compile.log").exists() else ""
@@ -238,19 +240,21 @@ def _clear(build: Path) -> None:
         shutil.rmtree(build)
 
 
-def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm | None
-                 ) -> CompileRecord:
+def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
+                 warm: _Warm | None) -> CompileRecord:
     """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
 
     `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
     build's failure, named as such (`compile_error` for a kernel that does not compile, `load_error` for a
-    constructor that does not fit, else `runtime_error`: `worker.op_warmup`).
+    constructor that does not fit, else `runtime_error`: `worker.op_warmup`). The worker is confined
+    (`sandbox`): it writes its build folder and its own temporary folder, nothing else.
     """
     started = time.perf_counter()
     warmup_seconds = None
     with tempfile.TemporaryDirectory(prefix="kbeval-compile-") as workdir:
         gpu = {"CUDA_VISIBLE_DEVICES": warm.spec.gpu} if warm and warm.spec.gpu is not None else {}
-        worker = WorkerProcess(Path(workdir), log_path, extension_env(build) | gpu)
+        confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
+        worker = WorkerProcess(Path(workdir), log_path, extension_env(build) | gpu, sandbox=confined)
         req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
         stage = "compile"
         try:
@@ -269,6 +273,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
                 error=f"{stage} gave {failure.message}" if timed_out or stage != "compile" else failure.message,
                 timed_out=timed_out,
                 seconds=time.perf_counter() - started,
+                sandbox=worker.sandbox_record,
             )
     return CompileRecord(
         ok=reply.ok,
@@ -277,6 +282,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         seconds=time.perf_counter() - started,
         warmup_seconds=warmup_seconds,
         torch_version=reply.torch_version or "",
+        sandbox=worker.sandbox_record,
     )
 
 

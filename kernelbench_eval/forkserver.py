@@ -46,6 +46,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 from typing import Any, NoReturn
 
@@ -296,6 +297,7 @@ def _fresh_interpreter_state() -> None:
     """What differs between a fork of the server and a cold worker, as far as a candidate could notice."""
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
     importlib.invalidate_caches()
+    tempfile.tempdir = None  # TMPDIR is the worker's own: found again at first use
     sys.stdin = open(0, encoding=sys.stdin.encoding, errors=sys.stdin.errors, closefd=False)  # noqa: SIM115
     random.seed()  # every fork would otherwise draw the server's random numbers
     import torch

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from kernelbench_eval import baselines, private, schedule
+from kernelbench_eval import baselines, private, sandbox, schedule
 from kernelbench_eval.aggregates import verdict_context
 from kernelbench_eval.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.baselines import BaselineStore
@@ -153,6 +153,7 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
         prestart()  # the fork server imports torch while this run discovers and looks up its caches
     backend = opts.observe(backend) if opts.observe else backend
     private.enter()  # then this process's temp files (references, workers' folders) go in a private folder
+    sandbox.warn(sandbox.probe())  # what this machine lets candidates be confined with, said once up front
     try:
         recorder, manifest = open_run(opts)
         found = found or discover(*manifest_dirs(manifest, recorder.run_dir), opts.only or manifest.only)
@@ -381,6 +382,8 @@ def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findi
     findings.compiled, findings.compile_cached = compiled.record.ok, compiled.cached
     findings.compile_seconds = round(seconds + getattr(compiled, "warmed_in_lane", 0.0), 3)
     findings.built_on = getattr(compiled, "built_on", None)  # the Ray node that built it
+    if not compiled.cached and compiled.record.sandbox is not None:  # its build ran its code too, this run
+        findings.sandbox = compiled.record.sandbox.weakest(findings.sandbox)
     return findings
 
 

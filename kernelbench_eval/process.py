@@ -1,7 +1,8 @@
 """The harness side of an isolated worker: start it, talk to it under a deadline, and always clean up.
 
 Each worker is its own process group (session), so a timeout or the end of an evaluation kills the
-candidate and every process it may have left behind, not only the Python we started.
+candidate and every process it may have left behind, not only the Python we started. A candidate's worker
+is also confined (`sandbox`): its own cgroup leaf, killed whole, and the layers it applies to itself.
 
 A worker is forked from a server that has already imported torch (`forkserver`) where that works, else
 started cold as `python -m kernelbench_eval.worker`; both look the same from here (and to the candidate).
@@ -21,9 +22,10 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from kernelbench_eval import forkclient, linux
+from kernelbench_eval import forkclient, linux, sandbox
+from kernelbench_eval.cgroups import Leaf
 from kernelbench_eval.forkclient import TOKEN_VAR, ForkedChild
-from kernelbench_eval.models import WorkerReply, WorkerRequest
+from kernelbench_eval.models import SandboxRecord, SandboxSpec, WorkerReply, WorkerRequest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
@@ -70,8 +72,12 @@ class WorkerProcess:
     """One worker process; use as a context manager so it is killed with its group however we leave."""
 
     def __init__(self, workdir: Path, log_path: Path, extra_env: dict[str, str] | None = None,
-                 time_limit: float | None = None) -> None:
+                 time_limit: float | None = None, sandbox: SandboxSpec | None = None) -> None:
         self.workdir = workdir
+        self.sandbox = sandbox  # a candidate's worker: confined (None: the harness's own, the checker)
+        self.sandbox_record: SandboxRecord | None = None  # what held, once its first request was answered
+        self._leaf: Leaf | None = None
+        self._leaf_error: str | None = None
         self.time_limit = time_limit  # the whole budget, named in timeout messages
         self.log_path = log_path
         self.extra_env = extra_env or {}
@@ -96,16 +102,24 @@ class WorkerProcess:
         finally:
             os.close(write_fd)
         self._reply_fd = read_fd
+        if self.sandbox is not None:  # before its first request: nothing of the candidate has run yet
+            self._leaf, self._leaf_error = sandbox.join_leaf(self.sandbox, self.proc.pid)
         self._pump = threading.Thread(target=_copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
         self._pump.start()
 
     def _env(self) -> dict[str, str]:
-        return worker_environment(self.extra_env, self._token)
+        env = worker_environment(self.extra_env, self._token)
+        if self.sandbox is not None:
+            env[sandbox.SPEC_VAR] = self.sandbox.model_dump_json()
+            if "landlock" in self.sandbox.layers:  # it may write nowhere else (compilers and torch put files there)
+                env["TMPDIR"] = str(self.workdir)
+        return env
 
     def _start_cold(self, env: dict[str, str], write_fd: int) -> subprocess.Popen[bytes]:
         """A fresh interpreter: what every worker was before the fork server, and its fallback."""
+        entry = "kernelbench_eval.sandbox" if self.sandbox is not None else "kernelbench_eval.worker"  # (its docs)
         return subprocess.Popen(
-            [sys.executable, "-m", "kernelbench_eval.worker", "--reply-fd", str(write_fd)],
+            [sys.executable, "-m", entry, "--reply-fd", str(write_fd)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,  # a pipe, not the log file: the child never learns where results live
             stderr=subprocess.STDOUT,
@@ -123,11 +137,26 @@ class WorkerProcess:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass  # it is already gone; reading the reply below reports how it ended
-        line = self._read_line(timeout)
+        deadline = time.monotonic() + timeout
+        if self.sandbox is not None and self.sandbox_record is None:
+            self._read_sandbox_report(timeout)
+        line = self._read_line(max(0.0, deadline - time.monotonic()))
         try:
             return WorkerReply.model_validate_json(line)
         except ValueError as exc:
             raise WorkerFailure("crashed", f"garbled reply from the worker: {str(exc)[:200]}") from exc
+
+    def _read_sandbox_report(self, timeout: float) -> None:
+        """The line a confined worker writes before it reads any request (so before any candidate code)."""
+        line = self._read_line(timeout)
+        try:
+            record = WorkerReply.model_validate_json(line).sandbox
+        except ValueError as exc:
+            raise WorkerFailure("crashed", f"garbled sandbox report from the worker: {str(exc)[:200]}") from exc
+        if record is None:
+            raise WorkerFailure("crashed", "the worker sent no sandbox report")
+        self.sandbox_record = sandbox.finish(record, self._leaf is not None, self._leaf_error)
+        sandbox.warn(self.sandbox_record)
 
     def call(self, req: WorkerRequest, timeout: float) -> WorkerReply:
         """`request`, with an error reply raised as a WorkerFailure of the reply's kind."""
@@ -179,9 +208,13 @@ class WorkerProcess:
                 os.killpg(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group and every process carrying its token (escaped via setsid)."""
+        """SIGKILL the worker's cgroup leaf (all it started), its process group and every process carrying
+        its token (escaped via setsid: the fallback where there is no cgroup)."""
         if self.proc is None:
             return
+        if self._leaf is not None:
+            self._leaf.kill()
+            self._leaf = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):  # a forked one's status comes from its server

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from kernelbench_eval import sandbox
 from kernelbench_eval.compile import build_lock, compile_candidate, extension_env, private_triton
 from kernelbench_eval.discover import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.models import Device, KernelCount, KernelRow, WorkerReply, WorkerRequest
@@ -82,15 +83,19 @@ def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: P
         with build_lock(compiled.build_dir):
             private_triton(compiled.build_dir, work / "candidate-triton")
             env = extension_env(compiled.build_dir, triton=work / "candidate-triton")
-            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, env, timeout, warmup, common)
+            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, env, timeout, warmup, common,
+                                build=compiled.build_dir)
     except OSError as exc:  # a build altered since it was recorded, a lock that never came
         return ModelProfile(role="candidate", error=str(exc))
 
 
 def _profile_one(role: str, path: Path, class_name: str, work: Path, inputs: Path, env: dict[str, str],
-                 timeout: float, warmup: int, common: dict, prepare: WorkerRequest | None = None) -> ModelProfile:
+                 timeout: float, warmup: int, common: dict, prepare: WorkerRequest | None = None,
+                 build: Path | None = None) -> ModelProfile:
     own = work / role
     own.mkdir()
+    confined = None if build is None else sandbox.spec(  # a candidate's: as when it is judged
+        [own, work / f"{role}-triton", build / "ext"], common["device"], "evaluate")
     log = work / f"{role}.log"
     if prepare is None:  # the candidate reads copies, never the folder the reference writes
         for name in ("init.pt", "trial0.pt"):
@@ -103,7 +108,7 @@ def _profile_one(role: str, path: Path, class_name: str, work: Path, inputs: Pat
                                device=common["device"])]
     reply: WorkerReply | None = None
     try:
-        with WorkerProcess(own, log, env, time_limit=timeout) as worker:
+        with WorkerProcess(own, log, env, time_limit=timeout, sandbox=confined) as worker:
             for req in requests:
                 reply = worker.request(req, timeout)
                 if not reply.ok:

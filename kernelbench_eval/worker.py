@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval import timing  # binds the clocks before candidate code is imported
+from kernelbench_eval import sandbox, timing  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.exchange import Exchange
 from kernelbench_eval.linux import die_with_parent
 from kernelbench_eval.models import WorkerReply, WorkerRequest
@@ -216,7 +216,9 @@ def main() -> None:
     die_with_parent()  # no candidate outlives the harness, even one SIGKILLed
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
-    serve(parser.parse_args().reply_fd)
+    reply_fd = parser.parse_args().reply_fd
+    sandbox.enter_and_report(reply_fd)  # a candidate's worker: confined before it reads its first request
+    serve(reply_fd)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ this change (every one uses only what a process of the same user can reach); `zz
 honest candidates it aims at. One real CPU run judges most of them together (`attack_run`); the forged
 baseline and the resume redirection need runs of their own. Statuses of honest candidates are asserted as
 correct (ok or suspicious: CPU timing on a shared machine is not asserted), those of attackers exactly.
+
+These are the defences that hold where the OS sandbox does not (a machine that refuses its layers), so
+they run with it off (`KBEVAL_SANDBOX_OFF=all`): with it on, most of these attacks cannot even start (their
+writes, signals and daemons are refused: tests/test_sandbox.py).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ CORRECT = {"ok", "suspicious"}
 def kbeval(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The real command line, with the test's private TMPDIR and cache, and a credential in its environment."""
     full = dict(os.environ, KBEVAL_CACHE_DIR=str(root / "cache"), TMPDIR=str(root / "tmp"), COLUMNS="200",
-                AWS_SECRET_ACCESS_KEY="kbeval-test-canary", **env)
+                AWS_SECRET_ACCESS_KEY="kbeval-test-canary", KBEVAL_SANDBOX_OFF="all", **env)
     return subprocess.run([sys.executable, "-m", "kernelbench_eval", *args], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=900)
 

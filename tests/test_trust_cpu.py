@@ -3,6 +3,10 @@
 One real run of the command line over `fixtures/attack_problems` and a temporary copy of `fixtures/attacks` (plus a
 50 MB candidate written into that copy). The run gets a private temporary directory (TMPDIR) holding its results,
 so the candidate that forges files finds the verdicts it would like to rewrite, and nothing outside this test.
+
+The run is sandboxed (`sandbox.py`) but for Landlock, whose write rules would refuse fake_files' forgeries
+before the harness's own tamper check (the defence where Landlock is missing) could be tested; Landlock's
+refusal of the same writes is tested in tests/test_sandbox.py.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ MM_RELU = {
     "wrong_init": "load_error",
     "lazy_dump": "suspicious",  # right only when handed over: the hand-over is on the harness's clock
     "scale_cache": "ok",  # its shortcut never fires: timed at its honest speed (checked below)
-    "steal_parent": "incorrect",
+    "steal_parent": "runtime_error",  # reading the harness's /proc/<pid>/maps is refused (capabilities dropped)
     HUGE: "load_error",
 }
 EXPECTED = {("mm_relu", name): status for name, status in MM_RELU.items()}
@@ -136,7 +140,7 @@ def attack_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> I
     private_tmp.mkdir()
     out = private_tmp / "results"
     started = _uptime()
-    with env_var("TMPDIR", str(private_tmp)):
+    with env_var("TMPDIR", str(private_tmp)), env_var("KBEVAL_SANDBOX_OFF", "landlock"):
         proc = kbeval("run", "--device", "cpu", "--problems", str(ATTACK_PROBLEMS), "--candidates", str(candidates),
                       "--trials", "3", "--timeout", "60", "--threads", "1", "--out", str(out), "--run-id", "attacks",
                       cache=build_cache, check=False)
@@ -200,6 +204,14 @@ def test_results_folder_is_left_as_the_harness_wrote_it(attack_run):
     for path in records:
         if path.suffix == ".json":
             json.loads(path.read_text())
+
+
+def test_stealing_from_the_harness_is_refused(attack_run):
+    """steal_parent reads the process that started it (the fork server, or the harness): as root it could,
+    before its capabilities were dropped; now opening its memory map raises in the candidate."""
+    v = read_verdicts(attack_run.run_dir)["steal_parent"]
+    assert v["status"] == "runtime_error" and "PermissionError" in v["error"] and "/maps" in v["error"], v["error"]
+    assert v["sandbox"]["caps_dropped"] and "landlock" in v["sandbox"]["missing"]
 
 
 def test_tampering_is_named(attack_run):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kernelbench_eval import sandbox
 from kernelbench_eval.compile import Compiled, build_lock, extension_env, private_triton
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
 from kernelbench_eval.measure import Deadline
@@ -79,7 +80,12 @@ class CandidateRun:
         with self.stage("loading", "spawn"):
             (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
             env = extension_env(self.build.build_dir, triton=self.workdir / "triton")  # a copy: private_triton
-            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | env, time_limit=self.timeout)
+            # it writes its own folder (its Triton copy included) and the build's extension folder, where
+            # load_inline takes its lock and ninja its logs (the build is verified at every load)
+            confined = sandbox.spec([self.workdir, self.build.build_dir / "ext"], self.ref.settings.device,
+                                    "evaluate")
+            self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | env, time_limit=self.timeout,
+                                        sandbox=confined)
             self.worker.start()
         if not self.ok:
             return False
@@ -87,8 +93,11 @@ class CandidateRun:
             with build_lock(self.build.build_dir):  # load_inline's own lock file may be stale (see build_lock)
                 private_triton(self.build.build_dir, self.workdir / "triton")
                 self.deadline = Deadline(self.timeout)  # a wait for the lock is not the candidate's time
-                reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
-                                         self.deadline.left())
+                try:
+                    reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
+                                             self.deadline.left())
+                finally:
+                    self.findings.sandbox = self.worker.sandbox_record
             self.findings.device_name = reply.device_name or self.findings.device_name
             self._attach()
         return self.ok
