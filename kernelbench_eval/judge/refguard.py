@@ -114,13 +114,19 @@ def stop_group(pid: int, wait_s: float = STOP_WAIT_S) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGSTOP)
     end = time.monotonic() + wait_s
-    while True:
-        running = [(m, t) for m in _group(pid) for t in threads(m) if _state(m, t) not in "TtZXx"]
-        if not running:
-            return True
+    while [m for m in _group(pid) if not _stopped(m)]:
         if time.monotonic() > end:
             return False
         time.sleep(0.0001)
+    return True
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` stopped; one inside the kernel (D) counts once another has taken the stop: the
+    group stop is then pending for it, and it stops before it runs a user instruction again."""
+    states = [_state(pid, t) for t in threads(pid)]
+    begun = any(s in "Tt" for s in states)
+    return all(s in "TtZXx" or (s == "D" and begun) for s in states)
 
 
 def resume_group(pid: int) -> None:
