@@ -29,8 +29,8 @@ SECTION_CPU = "## Self-test (CPU dry run)"
 
 def from_verdicts(results: Path) -> dict | None:
     """The self-test's summary rebuilt from whatever verdicts a stopped run recorded."""
-    from kernelbench_eval.models import Verdict
-    from kernelbench_eval.selftest import CANDIDATE_ID, summarize
+    from kernelbench_eval.records import Verdict
+    from kernelbench_eval.run.selftest import CANDIDATE_ID, summarize
 
     found = sorted(results.glob("*/verdicts.jsonl"))
     if not found:

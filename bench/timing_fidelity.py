@@ -366,14 +366,14 @@ def measure_in_session(bench: Bench) -> None:
     if str(REPO) not in sys.path:  # this checkout's harness, for this process and for its workers
         sys.path.insert(0, str(REPO))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    from kernelbench_eval.baselines import BaselineStore
-    from kernelbench_eval.compile import compile_candidate
-    from kernelbench_eval.discover import discover
-    from kernelbench_eval.judge import ReferenceSide, Secrets
+    from kernelbench_eval.build.compile import compile_candidate
+    from kernelbench_eval.discover.corpus import discover
+    from kernelbench_eval.judge.baselines import BaselineStore
     from kernelbench_eval.judge.candidate import CandidateRun
+    from kernelbench_eval.judge.judging import ReferenceSide, Secrets
+    from kernelbench_eval.judge.measure import Deadline
     from kernelbench_eval.judge.timed import time_candidate
-    from kernelbench_eval.measure import Deadline
-    from kernelbench_eval.models import RunSettings
+    from kernelbench_eval.records import RunSettings
 
     repeats = args.repeats
 

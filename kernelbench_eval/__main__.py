@@ -1,3 +1,3 @@
-from kernelbench_eval.entry import main
+from kernelbench_eval.cli.entry import main
 
 main()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelbench_eval.aggregates import (
+from kernelbench_eval.cli.app import app
+from kernelbench_eval.records import KernelCount, RunManifest, RunSettings, Verdict
+from kernelbench_eval.results.aggregates import (
     aggregates,
     geomean,
     pass_at_k,
@@ -17,11 +19,9 @@ from kernelbench_eval.aggregates import (
     problem_group,
     verdict_context,
 )
-from kernelbench_eval.cli import app
-from kernelbench_eval.gate import check_gate
-from kernelbench_eval.models import KernelCount, RunManifest, RunSettings, Verdict
-from kernelbench_eval.record import RunRecorder
-from kernelbench_eval.report import to_html, to_markdown, to_summary, to_table
+from kernelbench_eval.results.gate import check_gate
+from kernelbench_eval.results.record import RunRecorder
+from kernelbench_eval.results.report import to_html, to_markdown, to_summary, to_table
 
 runner = CliRunner()
 

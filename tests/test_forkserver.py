@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT
 
-from kernelbench_eval import forkserver
-from kernelbench_eval.exchange import output_layout
-from kernelbench_eval.forkserver import ForkedChild
-from kernelbench_eval.models import WorkerRequest
-from kernelbench_eval.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.isolation import forkserver
+from kernelbench_eval.isolation.forkserver import ForkedChild
+from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge.exchange import output_layout
+from kernelbench_eval.records import WorkerRequest
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"
@@ -208,7 +208,7 @@ def test_environment_and_state_are_the_workers_own(tmp_path: Path) -> None:
     assert first["pgid"] == first["pid"]  # a session and group of its own
     assert first["random"] != second["random"] and first["torch"] != second["torch"]  # reseeded after the fork
     assert not first["cuda"]
-    assert first["main_has_worker"] and first["argv"][0].endswith("worker.py")  # as `python -m ...worker`
+    assert first["main_has_worker"] and first["argv"][0].endswith("worker/main.py")  # as `python -m ...worker`
     assert first["argv"][1] == "--reply-fd"
     assert "Warning" not in (tmp_path / "worker.log").read_text()
     assert len(first["fds"]) <= 5, first["fds"]  # 0, 1, 2, the reply pipe, and the listing's own fd
@@ -246,8 +246,8 @@ def _kill_a_harness_with_its_server_and_worker(tmp_path: Path) -> tuple[int, int
     harness = f"""
 import os, sys, time
 from pathlib import Path
-from kernelbench_eval import forkserver
-from kernelbench_eval.process import WorkerProcess
+from kernelbench_eval.isolation import forkserver
+from kernelbench_eval.isolation.process import WorkerProcess
 w = WorkerProcess(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / "log")
 w.start()
 server = next(iter(forkserver._SERVERS.values()))
@@ -288,8 +288,7 @@ def test_start_to_first_reply_latency(tmp_path: Path, monkeypatch: pytest.Monkey
 
 _COUNTING_HARNESS = """
 import json, os, sys, threading
-from kernelbench_eval import forkclient
-
+from kernelbench_eval.isolation import forkclient
 starts, spawns = [], []
 real_start, real_spawn = forkclient.ForkServer.start, forkclient.spawn
 
@@ -311,7 +310,7 @@ def report():
 import atexit
 atexit.register(report)
 sys.argv = ["kbeval", *sys.argv[1:]]
-from kernelbench_eval.entry import main
+from kernelbench_eval.cli.entry import main
 main()
 """
 
@@ -351,7 +350,7 @@ def test_kbeval_leaves_as_an_interpreter_would(tmp_path: Path, code: str, status
 import atexit, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from kernelbench_eval.entry import leave
+from kernelbench_eval.cli.entry import leave
 out = Path({str(tmp_path)!r})
 ThreadPoolExecutor(2).submit(lambda: None).result()
 threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("joined"))).start()
@@ -387,7 +386,7 @@ def test_only_torchs_library_finalizers_are_skipped() -> None:
 
     import torch  # noqa: F401  (its import registers the libraries' finalizers)
 
-    from kernelbench_eval.entry import skip_library_finalizers
+    from kernelbench_eval.cli.entry import skip_library_finalizers
 
     class Thing:
         pass

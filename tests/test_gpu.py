@@ -38,14 +38,14 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
 
 
 def test_l2_flush_buffer_is_twice_the_l2():
-    from kernelbench_eval.timing import l2_flush_buffer
+    from kernelbench_eval.judge.timing import l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     assert l2 > 0 and l2_flush_buffer().numel() == 2 * l2
 
 
 def test_graph_replay_times_capturable_models_and_falls_back_for_others():
-    from kernelbench_eval.timing import Rotation, capture_graph, time_block
+    from kernelbench_eval.judge.timing import Rotation, capture_graph, time_block
 
     rotation = Rotation([[torch.randn(1024, 1024, device="cuda")]])
     replay, error = capture_graph(lambda x: torch.relu(x) * 2, rotation)

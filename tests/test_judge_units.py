@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import compile_candidate
-from kernelbench_eval.discover import Problem, make_candidate, sha256_file
-from kernelbench_eval.exchange import ALIGN, Exchange, output_layout
-from kernelbench_eval.judge import ReferenceSide, Secrets, judge
-from kernelbench_eval.models import RunSettings, Slot, TensorMeta
-from kernelbench_eval.worker_reference import draw_inputs
+from kernelbench_eval.build.compile import compile_candidate
+from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
+from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.exchange import ALIGN, Exchange, output_layout
+from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
+from kernelbench_eval.records import RunSettings, Slot, TensorMeta
+from kernelbench_eval.worker.reference import draw_inputs
 
 PROBLEM = '''
 import torch
@@ -170,7 +170,7 @@ def test_input_sets_fall_back_to_the_cpu_from_the_same_seed(device: str):
 def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: Path):
     """Real checkers: a problem prepared ahead of its candidates is reused by them (same checker process), and
     the other open one is parked meanwhile (its checker stays up, holding its sets)."""
-    from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneSpec
+    from kernelbench_eval.run.lanes import EvalLane, LaneConfig, LaneSpec
 
     problems = []
     for name in ("masked", "masked_too"):

@@ -7,7 +7,7 @@ the storage's identity across blocks, which is what makes the two lanes allocate
 
 import torch
 
-from kernelbench_eval.worker import Worker
+from kernelbench_eval.worker.main import Worker
 
 
 def _worker(template: list[torch.Tensor]) -> Worker:

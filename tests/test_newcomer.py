@@ -20,14 +20,14 @@ from rich.console import Console
 from test_seed_corpus_cpu import CPU_DIMS
 from typer.testing import CliRunner
 
-from kernelbench_eval.cli import app
-from kernelbench_eval.discover import Problem, merged_smoke_dims, sha256_file, smoke_dims
-from kernelbench_eval.display import verdict_table
-from kernelbench_eval.models import RunManifest, RunSettings, Verdict
-from kernelbench_eval.pipeline import manifest_dirs
-from kernelbench_eval.plan import Plan
-from kernelbench_eval.progress import RunProgress
-from kernelbench_eval.record import seal_manifest
+from kernelbench_eval.cli.app import app
+from kernelbench_eval.cli.progress import RunProgress
+from kernelbench_eval.discover.corpus import Problem, merged_smoke_dims, sha256_file, smoke_dims
+from kernelbench_eval.records import RunManifest, RunSettings, Verdict
+from kernelbench_eval.results.display import verdict_table
+from kernelbench_eval.results.record import seal_manifest
+from kernelbench_eval.run.pipeline import manifest_dirs
+from kernelbench_eval.run.plan import Plan
 
 FAST = ("--device", "cpu", "--no-compile-baseline", "--trials", "1", "--reps", "10", "--timing-budget", "1")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled, settled_all
 
-from kernelbench_eval.compile import compile_candidate, warm_build
-from kernelbench_eval.discover import Problem, make_candidate
-from kernelbench_eval.models import RunSettings
-from kernelbench_eval.warmup import WarmupSpec
+from kernelbench_eval.build.compile import compile_candidate, warm_build
+from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.discover.corpus import Problem, make_candidate
+from kernelbench_eval.records import RunSettings
 
 EXPECTED = {
     "cpp_honest": "ok",
@@ -223,7 +223,7 @@ def _workers_of(cache: Path) -> list[str]:
         try:
             if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if "kernelbench_eval.worker" in cmdline:
+                if "kernelbench_eval.worker.main" in cmdline:
                     found.append(cmdline)
         except OSError:
             continue
@@ -242,8 +242,7 @@ def test_a_compile_that_never_ends_is_a_compile_error(build_cache, tmp_path):
 def test_candidate_output_is_capped_in_its_log(tmp_path, monkeypatch):
     import io
 
-    from kernelbench_eval import process
-
+    from kernelbench_eval.isolation import process
     monkeypatch.setattr(process, "LOG_CAP_BYTES", 1000)
     log = tmp_path / "x.log"
     process._copy_capped(io.BufferedReader(io.BytesIO(b"Evaluation: True\n" * 10_000)), log)

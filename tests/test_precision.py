@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.models import RunSettings, WorkerRequest
-from kernelbench_eval.precision import cast_inputs, cast_model, dtype_of, tolerance
-from kernelbench_eval.worker import Worker
+from kernelbench_eval.judge.precision import cast_inputs, cast_model, dtype_of, tolerance
+from kernelbench_eval.records import RunSettings, WorkerRequest
+from kernelbench_eval.worker.main import Worker
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 PY_HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.discover import declared_devices
-from kernelbench_eval.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
-from kernelbench_eval.models import KernelCount, WorkerRequest
-from kernelbench_eval.warmup import WarmupSpec, build_env, needs_warmup
-from kernelbench_eval.worker import Worker, classify
+from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
+from kernelbench_eval.discover.corpus import declared_devices
+from kernelbench_eval.judge.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
+from kernelbench_eval.records import KernelCount, WorkerRequest
+from kernelbench_eval.worker.main import Worker, classify
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 CANDIDATES = FIXTURES / "candidates" / "tiny_linear_relu"

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, kbeval
 
-from kernelbench_eval import artifacts, relocate
-from kernelbench_eval.compile import adopt, build_lock, compile_candidate
-from kernelbench_eval.discover import Problem, make_candidate
+from kernelbench_eval.build import artifacts, relocate
+from kernelbench_eval.build.compile import adopt, build_lock, compile_candidate
+from kernelbench_eval.discover.corpus import Problem, make_candidate
 
 PROBLEMS = FIXTURES / "problems"
 SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"

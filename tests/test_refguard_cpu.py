@@ -22,14 +22,14 @@ import pytest
 from conftest import FIXTURES, kbeval, read_verdicts
 from timed import assert_timed_sanely
 
-from kernelbench_eval import measure as measure_module
-from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.compile import compile_candidate
-from kernelbench_eval.discover import Problem, make_candidate, sha256_file
-from kernelbench_eval.judge import ReferenceSide, Secrets, judge
+from kernelbench_eval.build.compile import compile_candidate
+from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
+from kernelbench_eval.judge import measure as measure_module
+from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
+from kernelbench_eval.judge.measure import Deadline, Lane, measure
 from kernelbench_eval.judge.refguard import Guard, check_reference, sched_of, snapshot, stop_group, threads
-from kernelbench_eval.measure import Deadline, Lane, measure
-from kernelbench_eval.models import RunSettings, WorkerReply
+from kernelbench_eval.records import RunSettings, WorkerReply
 
 PROBLEMS = FIXTURES / "attack_problems"
 ATTACKS = FIXTURES / "attacks_reference"

@@ -13,12 +13,12 @@ import pytest
 from pandas.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from kernelbench_eval.cli import app
-from kernelbench_eval.compare import compare_runs
-from kernelbench_eval.gate import check_gate
-from kernelbench_eval.models import Verdict
-from kernelbench_eval.record import RunRecorder
-from kernelbench_eval.report import (
+from kernelbench_eval.cli.app import app
+from kernelbench_eval.records import Verdict
+from kernelbench_eval.results.compare import compare_runs
+from kernelbench_eval.results.gate import check_gate
+from kernelbench_eval.results.record import RunRecorder
+from kernelbench_eval.results.report import (
     DTYPES,
     best_per_problem,
     fast_p_frame,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_report import fixture_verdicts, write_run
 
-from kernelbench_eval.report import write_default_reports
+from kernelbench_eval.results.report import write_default_reports
 
 
 def chromium_binary() -> str | None:

@@ -31,11 +31,12 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT
 
-from kernelbench_eval import cgroups, keys, landlock, sandbox, seccomp
-from kernelbench_eval.compile import RECORD_NAME, _verified, build_dir, compile_candidate
-from kernelbench_eval.discover import Problem, make_candidate
-from kernelbench_eval.models import CONTAINMENT, SandboxRecord, WorkerRequest
-from kernelbench_eval.process import WorkerProcess, worker_env
+from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, compile_candidate
+from kernelbench_eval.discover.corpus import Problem, make_candidate
+from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
+from kernelbench_eval.isolation.process import WorkerProcess, worker_env
+from kernelbench_eval.records import CONTAINMENT, SandboxRecord, WorkerRequest
+from kernelbench_eval.store import keys
 
 SBX = FIXTURES / "attacks_sandbox"
 FAST = ("--device", "cpu", "--jobs", "1", "--timeout", "60", "--trials", "2", "--timing-budget", "0.3",
@@ -201,8 +202,8 @@ def test_every_attack_works_without_the_sandbox(uncontained) -> None:
 PRIMITIVES = textwrap.dedent("""
     import ctypes, json, os, resource, signal, socket, sys
     from pathlib import Path
-    from kernelbench_eval import sandbox
-    from kernelbench_eval.models import SandboxSpec
+    from kernelbench_eval.isolation import sandbox
+    from kernelbench_eval.records import SandboxSpec
     victim, port, udp_port = (int(a) for a in sys.argv[1:4])
     outside, own = sys.argv[4:6]
     layers = [name for name in sys.argv[6].split(",") if name]

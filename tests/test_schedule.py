@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kernelbench_eval import lanes
-from kernelbench_eval.discover import Problem
-from kernelbench_eval.lanes import EvalLane, LaneConfig, LaneSpec
-from kernelbench_eval.models import RunSettings
-from kernelbench_eval.schedule import PATIENCE, LaneJobs, ReadyQueue, drive
+from kernelbench_eval.discover.corpus import Problem
+from kernelbench_eval.records import RunSettings
+from kernelbench_eval.run import lanes
+from kernelbench_eval.run.lanes import EvalLane, LaneConfig, LaneSpec
+from kernelbench_eval.run.schedule import PATIENCE, LaneJobs, ReadyQueue, drive
 
 
 @dataclass

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbench_eval.check import degenerate_outputs
-from kernelbench_eval.discover import find_problems
-from kernelbench_eval.measure import TimedModel
-from kernelbench_eval.models import TimingStats, Verdict
-from kernelbench_eval.plausibility import assess, significant
-from kernelbench_eval.process import QUIET_OPENMP, quiet_openmp
-from kernelbench_eval.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
-from kernelbench_eval.stats import Samples, bootstrap_ci, speedup_ci
+from kernelbench_eval.discover.corpus import find_problems
+from kernelbench_eval.isolation.process import QUIET_OPENMP, quiet_openmp
+from kernelbench_eval.judge.check import degenerate_outputs
+from kernelbench_eval.judge.measure import TimedModel
+from kernelbench_eval.judge.plausibility import assess, significant
+from kernelbench_eval.judge.stats import Samples, bootstrap_ci, speedup_ci
+from kernelbench_eval.records import TimingStats, Verdict
+from kernelbench_eval.run.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
 
 FIXTURES = Path(__file__).parent / "fixtures" / "selftest_problems"
 PROBLEMS = {"argmax_rows", "hinge_loss", "masked_fill", "sdpa"}
@@ -198,7 +198,7 @@ def test_openmp_waits_passively_in_workers_unless_the_user_chose():
 
 
 def test_speedup_limit_uses_the_intervals_low_end_when_given():
-    from kernelbench_eval.plausibility import speedup_reason
+    from kernelbench_eval.judge.plausibility import speedup_reason
 
     assert speedup_reason(30.0, 10.0) is not None  # as before, without an interval
     assert speedup_reason(30.0, 10.0, (0.8, 200.0)) is None  # a median thrown by load: not confidently over

@@ -8,12 +8,11 @@ import statistics
 import pytest
 import torch
 
-from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.check import degenerate_outputs
-from kernelbench_eval.measure import TimedModel, block_calls
-from kernelbench_eval.models import Baseline, RunSettings, TimingStats, baseline_key
-from kernelbench_eval.plausibility import assess, speedup_reason
-from kernelbench_eval.stats import (
+from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.check import degenerate_outputs
+from kernelbench_eval.judge.measure import TimedModel, block_calls
+from kernelbench_eval.judge.plausibility import assess, speedup_reason
+from kernelbench_eval.judge.stats import (
     Samples,
     chained_speedup_ci,
     fast_p,
@@ -24,7 +23,8 @@ from kernelbench_eval.stats import (
     speedup_ci,
     window_means,
 )
-from kernelbench_eval.timing import Rotation, keep, time_block
+from kernelbench_eval.judge.timing import Rotation, keep, time_block
+from kernelbench_eval.records import Baseline, RunSettings, TimingStats, baseline_key
 
 
 def noisy(center: float, spread: float, n: int, seed: int) -> list[float]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelbench_eval.check import compare_outputs
-from kernelbench_eval.discover import declared_devices, discover, source_problem
-from kernelbench_eval.formatting import runtime as format_runtime
-from kernelbench_eval.models import RunManifest, RunSettings, TensorMeta, TimingStats, Verdict
-from kernelbench_eval.record import RunRecorder
+from kernelbench_eval.discover.corpus import declared_devices, discover, source_problem
+from kernelbench_eval.judge.check import compare_outputs
+from kernelbench_eval.records import RunManifest, RunSettings, TensorMeta, TimingStats, Verdict
+from kernelbench_eval.results.formatting import runtime as format_runtime
+from kernelbench_eval.results.record import RunRecorder
 
 
 def meta(t) -> TensorMeta:
@@ -199,7 +199,7 @@ def test_discover_pairs_candidates_and_reports_problems(tmp_path):
 def _help(*args: str) -> str:
     from typer.testing import CliRunner
 
-    from kernelbench_eval.cli import app
+    from kernelbench_eval.cli.app import app
 
     result = CliRunner().invoke(app, [*args, "--help"], terminal_width=200)
     assert result.exit_code == 0, result.output
@@ -209,7 +209,7 @@ def _help(*args: str) -> str:
 def test_run_and_eval_declare_every_shared_option_and_selftest_profile_their_share():
     import dataclasses
 
-    from kernelbench_eval.options import JudgeOptions
+    from kernelbench_eval.cli.options import JudgeOptions
 
     flags = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(JudgeOptions)}
     run_help, eval_help = _help("run"), _help("eval")
@@ -225,7 +225,7 @@ def test_run_and_eval_declare_every_shared_option_and_selftest_profile_their_sha
 def test_help_texts_show_the_defaults_and_smoke_values_that_apply():
     import re
 
-    from kernelbench_eval.plan import DEFAULTS, SMOKE
+    from kernelbench_eval.run.plan import DEFAULTS, SMOKE
 
     text = " ".join(_help("run").split())
     for name in ("trials", "reps", "max_reps", "warmup", "warmup_seconds", "timing_budget"):
@@ -236,7 +236,7 @@ def test_help_texts_show_the_defaults_and_smoke_values_that_apply():
 
 
 def test_judge_options_make_the_settings_a_run_records():
-    from kernelbench_eval.options import JudgeOptions
+    from kernelbench_eval.cli.options import JudgeOptions
 
     settings = JudgeOptions(device="cpu", threads=1, smoke=True, trials=3, precision="fp16").settings([], [])
     assert (settings.trials, settings.reps, settings.compile_baseline) == (3, 10, False)  # typed wins over smoke
@@ -248,7 +248,6 @@ def test_judge_options_make_the_settings_a_run_records():
 
 def test_every_status_has_one_look_and_counts_are_by_name():
     from kernelbench_eval import statuses
-
     assert set(statuses.LOOK) == set(statuses.STATUSES)
     assert set(Verdict.model_fields["status"].annotation.__args__) == set(statuses.STATUSES)
     assert statuses.counts(["ok", "timeout", "ok"]) == {"ok": 2, "timeout": 1}
@@ -256,7 +255,7 @@ def test_every_status_has_one_look_and_counts_are_by_name():
 
 
 def test_missing_numbers_print_as_nothing_or_the_placeholder():
-    from kernelbench_eval.formatting import number
+    from kernelbench_eval.results.formatting import number
 
     assert number(1.2345, ".2f", "x") == "1.23x"
     assert number(None, ".2f") == number(float("nan"), ".2f") == number(-1.0, ".4g") == ""
@@ -264,8 +263,7 @@ def test_missing_numbers_print_as_nothing_or_the_placeholder():
 
 
 def test_gpu_lists_parse_one_way():
-    from kernelbench_eval import gpus
-
+    from kernelbench_eval.isolation import gpus
     assert gpus.parse(" 0, GPU-ab12 ,,") == ["0", "GPU-ab12"]
     assert gpus.parse(None) == gpus.parse("") == []
     assert gpus.visible({"CUDA_VISIBLE_DEVICES": "1,2"}) == ["1", "2"] and gpus.visible({}) == []
@@ -275,8 +273,7 @@ def test_gpu_lists_parse_one_way():
 def test_proc_reads_this_process():
     import os
 
-    from kernelbench_eval import linux
-
+    from kernelbench_eval.isolation import linux
     spent = sum(range(2_000_000))  # some CPU time to account
     assert spent and linux.cpu_time_ms(os.getpid()) > 0
     assert linux.cpu_time_ms(2**22 + 1) == 0.0  # no such process (above the largest pid Linux hands out)
@@ -290,8 +287,8 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
     import subprocess
     import sys
 
-    from kernelbench_eval.forkclient import TOKEN_VAR
-    from kernelbench_eval.process import _kill_marked
+    from kernelbench_eval.isolation.forkclient import TOKEN_VAR
+    from kernelbench_eval.isolation.process import _kill_marked
 
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              env={TOKEN_VAR: "unit-test-token", "PATH": "/usr/bin:/bin"})

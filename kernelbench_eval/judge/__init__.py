@@ -1,36 +1,6 @@
-"""Judging: check a compiled candidate against its problem's reference, then time both side by side.
+"""Judge: check a candidate against the reference's secret inputs, then time it against the reference.
 
-    ref = ReferenceSide(problem, settings, seeds, ...).open()   # once per problem and lane
-    findings = judge(ref, build, path, log, timeout)             # once per candidate
-
-`reference` holds the checker (the reference's worker: inputs, expected outputs, comparisons),
-`candidate` the candidate's single worker and its trials, `timed` the interleaved timing stage.
+`judging.judge` is the top (one screen); `reference` the checker's side, `candidate` the candidate's worker, `timed`
+the timing stage, `refguard` the reference's protection while timed. This package imports nothing itself, so the
+worker side can use its leaf modules (`timing`, `exchange`, `check`, `precision`) without the harness's.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-from kernelbench_eval.compile import Compiled
-from kernelbench_eval.judge.candidate import CandidateRun, count_launches
-from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
-from kernelbench_eval.judge.timed import time_candidate
-from kernelbench_eval.models import Findings
-from kernelbench_eval.stats import per_call_ms
-
-__all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]
-
-
-def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> Findings:
-    """Check every trial, then (only when all pass) time the candidate against the reference."""
-    with CandidateRun(ref, build, path, log, timeout) as run:
-        if run.start() and run.check_trials():
-            time_candidate(run)
-            if run.findings.correct and ref.settings.account_launches:
-                count_launches(run)
-        run.findings.problem_warning = ref.warning
-        if ref.baseline and ref.baseline.compiled:
-            run.findings.compile_runtime_ms = per_call_ms(ref.baseline.compiled_samples)
-        if run.findings.timing is not None:
-            run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
-        return run.findings

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kernelbench_eval import sandbox
-from kernelbench_eval.compile import Compiled, build_lock, extension_env, private_triton
+from kernelbench_eval.build.compile import Compiled, build_lock, extension_env, private_triton
+from kernelbench_eval.isolation import sandbox
+from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
-from kernelbench_eval.measure import Deadline
-from kernelbench_eval.models import Findings, WorkerRequest
-from kernelbench_eval.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.records import Findings, WorkerRequest
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
 
@@ -165,7 +165,7 @@ class CandidateRun:
 
 def count_launches(run: CandidateRun) -> None:
     """What ran in one forward of a correct candidate: its own kernels or library ones (`launches`)."""
-    from kernelbench_eval.launches import warning_for
+    from kernelbench_eval.judge.launches import warning_for
 
     assert run.worker is not None
     started = time.perf_counter()

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import torch
 
-from kernelbench_eval.baselines import BaselineStore
-from kernelbench_eval.discover import Problem
-from kernelbench_eval.exchange import layout_bytes, output_layout
+from kernelbench_eval.discover.corpus import Problem
+from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.exchange import layout_bytes, output_layout
+from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
-from kernelbench_eval.measure import Deadline, TimedModel, block_calls, measure
-from kernelbench_eval.models import (
+from kernelbench_eval.records import (
     Baseline,
     CheckResult,
     ExchangeInfo,
@@ -33,7 +34,6 @@ from kernelbench_eval.models import (
     WorkerRequest,
     baseline_key,
 )
-from kernelbench_eval.process import WorkerFailure, WorkerProcess
 
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"

@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelbench_eval.process import WorkerProcess
-from kernelbench_eval.stats import per_call_ms, ratio_ci
+from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.judge.stats import per_call_ms, ratio_ci
 
 STOP_WAIT_S = 1.0  # every thread of a group is scheduled once within this, even on a loaded host
 SLACK = {"cpu": 1.5, "cuda": 1.25}  # interleaved / alone beyond this (95 % interval) is more than noise; the CPU

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kernelbench_eval import gpus
+from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
+from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
+from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, check_reference
-from kernelbench_eval.measure import Call, TimedModel, measure, sm_clock_mhz
-from kernelbench_eval.models import TensorMeta, Timing, TimingStats, WorkerRequest
-from kernelbench_eval.plausibility import Assessment, assess, speedup_reason
-from kernelbench_eval.stats import Samples, chained_speedup_ci, per_call_ms, rse_per_call, speedup_ci
+from kernelbench_eval.judge.stats import Samples, chained_speedup_ci, per_call_ms, rse_per_call, speedup_ci
+from kernelbench_eval.records import TensorMeta, Timing, TimingStats, WorkerRequest
 
 
 class _WrongOutput(Exception):

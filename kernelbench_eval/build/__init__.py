@@ -1,0 +1,1 @@
+"""Build: compile each candidate once, in isolation, into a signed cache entry that can travel."""

@@ -1,0 +1,297 @@
+"""Stage 2: build each candidate by importing it in a fresh process, cached by content.
+
+`load_inline` compiles at import time, so "compiling" a candidate means importing it. Each source gets
+its own extension directory keyed by its SHA-256, the torch version and the device kind: an unchanged
+candidate is never rebuilt, and two candidates never share (or clobber) a build.
+
+A candidate that compiles kernels at its first call (Triton) is also called once on problem-shaped inputs in
+the build worker (`warmup`), so its kernels land in the build's own Triton cache before judging; the inputs
+that warm-up used are part of the build's name, and its time is part of the compile's.
+
+A build folder's name is computable from any source's bytes, so a candidate (same user) can write into
+another's. Hence the record the harness keeps (`compile.json`) is signed (`keys`) and lists the digest of
+every artifact; a record that does not verify, or artifacts that do not match it, are thrown away and
+rebuilt, never loaded. Locks live under `<cache>/locks/`, named by the key, and are waited on for a
+bounded time (`locks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from kernelbench_eval.build.relocate import rewrite_triton
+from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
+from kernelbench_eval.discover.corpus import Candidate
+from kernelbench_eval.isolation import sandbox
+from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.records import CompileRecord, WorkerRequest
+from kernelbench_eval.results.record import write_atomic
+from kernelbench_eval.store import keys, locks
+
+RECORD_NAME = "compile.json"
+UNHASHED = frozenset({"lock", ".ninja_log", ".ninja_deps"})  # rewritten by load_inline/ninja on every load
+
+
+class BuildTampered(OSError):
+    """A build's artifacts no longer match the harness's signed record: rebuild it, do not load it."""
+
+
+@dataclass
+class Compiled:
+    record: CompileRecord
+    build_dir: Path
+    cached: bool
+
+
+def build_dir(cache_dir: Path, candidate: Candidate, device: str, warm: WarmupSpec | None = None) -> Path:
+    """`<sha>-<torch>-<device>`, plus `-w<inputs>` for a build warmed up (`warmup_for`) on given inputs."""
+    torch_tag = torch.__version__.replace("+", "_")
+    suffix = f"-w{warm.key()}" if warm is not None else ""
+    return cache_dir / "builds" / f"{candidate.source_sha256[:24]}-{torch_tag}-{device}{suffix}"
+
+
+def warmup_for(candidate: Candidate, warm: WarmupSpec | None) -> WarmupSpec | None:
+    """`warm` if this candidate's source needs a build-stage warm-up (Triton), else None."""
+    try:
+        source = candidate.path.read_text(errors="replace")
+    except OSError:
+        return None  # its import fails with the reason
+    return warm if warm is not None and needs_warmup(source) else None
+
+
+def extension_env(build: Path, triton: Path | None = None) -> dict[str, str]:
+    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory;
+    `triton`: a private copy of the build's Triton cache instead (`private_triton`)."""
+    env = build_env(build)
+    if triton is not None:
+        env["TRITON_CACHE_DIR"] = str(triton)
+    return env
+
+
+def private_triton(build: Path, dest: Path) -> None:
+    """Copy the build's Triton cache to `dest`, its group files naming the copy. Call it under `build_lock`.
+
+    Why: Triton reads a kernel's binary at its first call, after the build's lock is released, and writes
+    whatever it compiles then into its cache; reading the verified copy, and writing there, keeps both out
+    of the signed build (which another candidate could otherwise alter between the check and the read).
+    """
+    if (build / "triton").is_dir():
+        shutil.copytree(build / "triton", dest, symlinks=True, dirs_exist_ok=True)
+        rewrite_triton(dest, build / "triton", dest)
+
+
+def compile_candidate(candidate: Candidate, device: str, cache_dir: Path, log_path: Path, timeout: float,
+                      warm: WarmupSpec | None = None, warm_here: bool = True) -> Compiled:
+    """Import the candidate once in isolation, unless this exact source already built on this setup.
+
+    With `warm` (the problem and the run's input settings), a candidate that JIT-compiles at its first call is
+    then called once in the same worker (`warmup`); `warm_here=False` leaves that to `warm_build` where the
+    device is (a Ray compile task holds no GPU).
+    An exclusive lock per build directory makes identical sources (in this run or in another run sharing
+    the cache) build once: the second waits, then finds the record.
+    """
+    warm = warmup_for(candidate, warm)
+    build = build_dir(cache_dir, candidate, device, warm)
+    spec = _Warm(warm, device) if warm is not None and warm_here else None
+    for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
+        try:
+            with build_lock(build, verify=False):
+                return _compile_locked(candidate, build, log_path, timeout, device, spec)
+        except OSError as exc:
+            error = f"build folder unusable: {exc}"
+            if attempt == 0 and not isinstance(exc, locks.LockError):
+                with contextlib.suppress(OSError):
+                    _clear(build)
+    return Compiled(CompileRecord(ok=False, status="compile_error", error=error), build, cached=False)
+
+
+@contextmanager
+def build_lock(build: Path, verify: bool = True) -> Iterator[None]:
+    """Held by whoever imports a candidate from `build` (its compile, and each evaluation's load).
+
+    `load_inline` guards its build folder with a lock file it deletes when done (torch's FileBaton); a
+    process killed while holding it (a harness killed mid-run, a candidate killed at its timeout) leaves
+    the file behind, and every later import of that source waits for it forever. Since every import of a
+    build happens under this lock, any such file found once we hold it is stale, and is removed.
+    With `verify` (a load), the artifacts must still match the signed record, else `BuildTampered`.
+    """
+    key = keys.load_key(build.parent.parent)
+    with locks.hold(build.parent.parent / "locks" / f"{keys.name_for(key, build.name)}.lock"):
+        for stale in (build / "ext").glob("*/lock"):
+            stale.unlink(missing_ok=True)
+        if verify and _verified(build, key) is None:
+            raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
+        yield
+
+
+def artifact_digests(build: Path) -> dict[str, str]:
+    """sha256 of every file under the build's extension folder and Triton cache (links by target), the lock
+    files aside; a Triton file is named `../triton/...` (from the extension folder, as before it existed)."""
+    digests: dict[str, str] = {}
+    ext = build / "ext"
+    paths = [p for folder in (ext, build / "triton") if folder.is_dir() for p in sorted(folder.rglob("*"))]
+    for path in paths:
+        rel = os.path.relpath(path, ext)
+        if path.is_symlink():
+            digests[rel] = "link:" + os.readlink(path)
+        elif path.is_file() and path.name not in UNHASHED:
+            digests[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def _verified(build: Path, key: bytes) -> CompileRecord | None:
+    """The record if it is the harness's own (signature) and the artifacts are as built; else None."""
+    try:
+        stored = json.loads((build / RECORD_NAME).read_text())
+        payload = {k: stored[k] for k in ("record", "artifacts", "log_sha256")}
+        if not keys.verify(key, payload, stored.get("mac")) or payload["artifacts"] != artifact_digests(build):
+            return None
+        return CompileRecord.model_validate(payload["record"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_record(build: Path, key: bytes, record: CompileRecord, log: str) -> None:
+    payload = {"record": record.model_dump(mode="json"), "artifacts": artifact_digests(build),
+               "log_sha256": hashlib.sha256(log.encode()).hexdigest()}
+    write_atomic(build / RECORD_NAME, json.dumps(payload | {"mac": keys.sign(key, payload)}))
+
+
+def adopt(build: Path, record: CompileRecord) -> None:
+    """A build that arrived from another node (its bytes checked by `artifacts.unpack`), signed with this
+    cache's key so that its loads verify here. Call it under `build_lock(build, verify=False)`."""
+    log_file = build / "compile.log"
+    _write_record(build, keys.load_key(build.parent.parent), record,
+                  log_file.read_text(errors="replace") if log_file.exists() else "")
+
+
+class _Warm(NamedTuple):
+    spec: WarmupSpec  # the problem and the input settings the warm-up call uses
+    device: str
+
+
+def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
+                    warm: _Warm | None) -> Compiled:
+    key = keys.load_key(build.parent.parent)
+    record = _verified(build, key)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if record is not None:
+        log_path.write_text(f"compile cached: {build}\n" + _cached_log(build, key))
+        if warm is None or not record.ok or record.warmup_seconds is not None:
+            return Compiled(record, build, cached=True)
+        return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
+    _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
+    build.mkdir(parents=True, exist_ok=True)
+    record = _import_once(candidate, build, log_path, timeout, device, warm)
+    if not record.timed_out:  # a timeout may be the machine's fault: try again next run
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        write_atomic(build / "compile.log", log)
+        _write_record(build, key, record, log)
+    else:  # nothing of it is kept: a record it planted there (candidates can read the key) must not be found
+        _clear(build)
+    return Compiled(record, build, cached=False)
+
+
+def warm_build(candidate: Candidate, build: Path, warm: WarmupSpec, device: str, log_path: Path, timeout: float
+               ) -> CompileRecord:
+    """The warm-up of a build made without it (`warm_here=False`), in this process's environment (a Ray lane's
+    GPU); its record updated (the warm-up's time added to the compile's) and signed again. Idempotent."""
+    with build_lock(build):
+        key = keys.load_key(build.parent.parent)
+        record = _verified(build, key)
+        if record is None:
+            raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
+        if not record.ok or record.warmup_seconds is not None:
+            return record
+        return _warm_locked(candidate, build, log_path, timeout, _Warm(warm, device), record, key)
+
+
+def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, warm: _Warm,
+                 built: CompileRecord, key: bytes) -> CompileRecord:
+    """Warm a verified, unwarmed build (in a worker that imports it again, then calls it); record and sign it."""
+    shutil.rmtree(build / "triton", ignore_errors=True)  # whatever is there is no warm-up of ours
+    record = _import_once(candidate, build, log_path, timeout, warm.device, warm)
+    record = record.model_copy(update={"seconds": built.seconds + record.seconds})  # all of it is build work
+    if not record.timed_out:
+        log = (build / "compile.log").read_text(errors="replace") if (build / "compile.log").exists() else ""
+        log += log_path.read_text(errors="replace") if log_path.exists() else ""
+        write_atomic(build / "compile.log", log)
+        _write_record(build, key, record, log)
+    return record
+
+
+def _clear(build: Path) -> None:
+    """Remove a build folder's contents (a folder, a file or a link in its place alike)."""
+    if build.is_symlink() or build.is_file():
+        build.unlink()
+    elif build.exists():
+        shutil.rmtree(build)
+
+
+def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
+                 warm: _Warm | None) -> CompileRecord:
+    """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
+
+    `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
+    build's failure, named as such (`compile_error` for a kernel that does not compile, `load_error` for a
+    constructor that does not fit, else `runtime_error`: `worker.op_warmup`). The worker is confined
+    (`sandbox`): it writes its build folder and its own temporary folder, nothing else.
+    """
+    started = time.perf_counter()
+    warmup_seconds = None
+    with tempfile.TemporaryDirectory(prefix="kbeval-compile-") as workdir:
+        gpu = {"CUDA_VISIBLE_DEVICES": warm.spec.gpu} if warm and warm.spec.gpu is not None else {}
+        confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
+        worker = WorkerProcess(Path(workdir), log_path, extension_env(build) | gpu, sandbox=confined)
+        req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
+        stage = "compile"
+        try:
+            with worker:
+                reply = worker.request(req, timeout)
+                if reply.ok and warm is not None:
+                    stage, warm_started = "warm-up call", time.perf_counter()
+                    left = max(1.0, timeout - (warm_started - started))
+                    reply = worker.request(warm.spec.request(candidate.path, warm.device), left)
+                    warmup_seconds = time.perf_counter() - warm_started
+        except WorkerFailure as failure:
+            timed_out = failure.status == "timeout"
+            return CompileRecord(
+                ok=False,
+                status="compile_error" if timed_out else failure.status,
+                error=f"{stage} gave {failure.message}" if timed_out or stage != "compile" else failure.message,
+                timed_out=timed_out,
+                seconds=time.perf_counter() - started,
+                sandbox=worker.sandbox_record,
+            )
+    return CompileRecord(
+        ok=reply.ok,
+        status=None if reply.ok else (reply.error_kind or "load_error"),
+        error=reply.error,
+        seconds=time.perf_counter() - started,
+        warmup_seconds=warmup_seconds,
+        torch_version=reply.torch_version or "",
+        sandbox=worker.sandbox_record,
+    )
+
+
+def _cached_log(build: Path, key: bytes) -> str:
+    """The first build's log, when it is the one the harness recorded (a forged log is not shown)."""
+    try:
+        log = (build / "compile.log").read_text(errors="replace")
+        stored = json.loads((build / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return ""
+    return log if hashlib.sha256(log.encode()).hexdigest() == stored.get("log_sha256") else ""

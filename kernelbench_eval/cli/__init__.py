@@ -1,0 +1,1 @@
+"""The `kbeval` command line: a thin layer over the stages."""

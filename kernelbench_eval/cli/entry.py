@@ -1,0 +1,77 @@
+"""The `kbeval` program: the command line (`cli`), with the fork server started first and a quick way out.
+
+Why not `cli.app` directly: importing the command line imports torch (seconds), and so does the fork server
+every worker comes from (`forkserver`); started before that import, the server is ready by the time the
+first compile or reference needs a worker, instead of starting then. And at the end, tearing down an
+interpreter that holds torch takes a second or more that nobody waits for on purpose: once the command is
+done (its files written and closed, its output flushed, the `atexit` handlers run: the fork server and the
+private temp folder go there), the process leaves with `os._exit`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+
+WORKER_COMMANDS = frozenset({"run", "eval", "problems", "profile", "selftest"})  # commands that start workers
+
+
+def main() -> None:
+    if _starts_workers_here(sys.argv[1:]):
+        from kernelbench_eval.isolation.process import prestart  # light: no torch
+
+        prestart()
+    from kernelbench_eval.cli.app import app
+
+    try:
+        app(prog_name="kbeval")
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    leave(code)
+
+
+def _starts_workers_here(argv: list[str]) -> bool:
+    """A command that starts workers on this host (with Ray, lanes and compiles run elsewhere)."""
+    ray = "--backend=ray" in argv or any(a == "--backend" and b == "ray" for a, b in zip(argv, argv[1:], strict=False))
+    return bool(argv) and argv[0] in WORKER_COMMANDS and not ray and "--help" not in argv
+
+
+def skip_library_finalizers() -> int:
+    """Keep torch's operator libraries (one `weakref.finalize` each, run at exit) from being torn down one by one
+    at this process's exit: a tenth of a second or more, spent deregistering operators in a process that is
+    ending, at every worker's exit and the harness's. Other finalizers (a candidate's, temp folders) still
+    run. Returns how many were skipped."""
+    import weakref
+
+    skipped = 0
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        info = finalizer.peek()
+        func = info[1] if info else None
+        if getattr(func, "__module__", "") == "torch.library" and getattr(func, "__name__", "") == "_del_library":
+            finalizer.atexit = False
+            skipped += 1
+    return skipped
+
+
+def leave(code: object) -> None:
+    """Exit as the interpreter would (threads joined, `atexit` handlers, output flushed), minus its teardown."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"), as the interpreter reports it
+        print(code, file=sys.stderr)
+        code = 1
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter runs first at exit: threading's
+    if shutdown is not None:  # own exit hooks (thread pools), then every non-daemon thread joined
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+    skip_library_finalizers()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code & 0xFF)

@@ -1,0 +1,196 @@
+"""The command line's options, each declared once, and `JudgeOptions`: those that decide how candidates are
+judged, shared by `kbeval run`, `eval`, `selftest` and `profile`.
+
+A command takes the shared options as one parameter, `judging: JudgeOptions`, and `@judging_options()`
+declares that parameter to typer as one option per field (typer reads a command's signature), so the list
+is written here once and a command asks `judging.settings(...)` instead of passing twenty arguments on.
+
+Help texts stay plain (the app renders help without rich markup, so `[ray]` survives and nothing is cut at
+80 columns). Timing options default to None: `plan.build_settings` fills them from `plan.DEFAULTS`, or from
+`plan.SMOKE` under `--smoke`, so an option typed explicitly always wins. Every other default is read from
+where it takes effect (`RunSettings`, `RunOptions`), never written again here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import typer
+
+from kernelbench_eval.discover.corpus import Problem
+from kernelbench_eval.records import RunSettings
+from kernelbench_eval.run.pipeline import RunOptions, default_cache_dir
+from kernelbench_eval.run.plan import build_settings, precision_settings
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
+CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
+TrialsOpt = Annotated[int | None, typer.Option("--trials", help="correctness trials, each on fresh random inputs "
+                                                                "[default: 5; --smoke: 2]")]
+AtolOpt = Annotated[float | None, typer.Option("--atol", help="absolute tolerance (default: by --tolerance)")]
+RtolOpt = Annotated[float | None, typer.Option("--rtol", help="relative tolerance (default: by --tolerance)")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="dtype of inputs and models: fp32, fp16 or bf16")]
+ToleranceOpt = Annotated[str, typer.Option(
+    "--tolerance", help="tolerance preset: default (1e-2) or kernelbench (fp32 1e-4, fp16/bf16 1e-2)")]
+RepsOpt = Annotated[int | None, typer.Option("--reps", help="timed calls per model, at least (budget allowing) "
+                                                            "[default: 100; --smoke: 10]")]
+WarmupOpt = Annotated[int | None, typer.Option("--warmup", help="untimed calls before timing, at most "
+                                                                "[default: 10; --smoke: 2]")]
+WarmupSecondsOpt = Annotated[float | None, typer.Option("--warmup-seconds", help="warm-up stops after this long "
+                                                                                 "[default: 1.0; --smoke: 0.2]")]
+MaxRepsOpt = Annotated[int | None, typer.Option("--max-reps", help="timed calls per model, at most "
+                                                                   "[default: 2000; --smoke: 100]")]
+RseOpt = Annotated[float, typer.Option("--target-rse", help="stop timing once the median's relative std. error "
+                                                            "is below this")]
+BudgetOpt = Annotated[float | None, typer.Option("--timing-budget", help="seconds of timing per candidate, at most "
+                                                                         "[default: 10; --smoke: 2]")]
+GraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="time CUDA-graph replays (falls back to plain calls)")]
+CompileBaselineOpt = Annotated[bool | None, typer.Option(
+    "--compile-baseline/--no-compile-baseline", help="time the reference under torch.compile too "
+                                                     "[default: on; --smoke: off]")]
+MaxSpeedupOpt = Annotated[float, typer.Option("--max-speedup", help="a larger speedup is `suspicious` (0: no limit)")]
+BaselinesOpt = Annotated[Path | None, typer.Option(
+    "--baselines", help="baseline cache file (default OUT/baselines.json)")]
+DimOpt = Annotated[list[str] | None, typer.Option(
+    "--dim", metavar="NAME=N", help="override a problem's module-level size, e.g. --dim batch_size=2 (repeatable; "
+                                    "wins over --smoke)")]
+SmokeOpt = Annotated[bool, typer.Option(
+    "--smoke", help="a quick CPU-sized run: each problem's KBEVAL_SMOKE_DIMS sizes, fewer trials and timed calls, "
+                    "no torch.compile baseline (explicit options win)")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for models (CPU timing)")]
+GpusOpt = Annotated[str | None, typer.Option(
+    "--gpus", help="GPUs to evaluate on, one lane each, e.g. 0,1 (default: all visible)")]
+LanesOpt = Annotated[int | None, typer.Option(
+    "--lanes", help="evaluation lanes, at most (CPU: this many; Ray: default one per GPU of the cluster)")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="local, or ray (pip install 'kernelbench-eval[ray]')")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--address", help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray instance")]
+RayBuildOpt = Annotated[str | None, typer.Option(
+    "--ray-build-resource", help="Ray: compile only on nodes declaring this custom resource (ray start --resources)")]
+RayJudgeOpt = Annotated[str | None, typer.Option(
+    "--ray-judge-resource", help="Ray: evaluation lanes only on nodes declaring this custom resource")]
+CacheOpt = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="build cache (default $KBEVAL_CACHE_DIR or ~/.cache/kernelbench-eval)")]
+LaunchesOpt = Annotated[bool, typer.Option(
+    "--account-launches", help="profile one more forward of each correct candidate: its own kernels against "
+                               "library ones (verdict field `kernels`; a few seconds each on a GPU)")]
+
+
+def _setting(name: str) -> Any:
+    """A default as `RunSettings` has it (the CLI shows it, the settings apply it: one number)."""
+    return RunSettings.model_fields[name].default
+
+
+def _run_option(name: str) -> Any:
+    """A default as `RunOptions` has it."""
+    found = {f.name: f for f in dataclasses.fields(RunOptions)}[name]
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default  # type: ignore[misc]
+
+
+DEFAULT_JOBS: int = _run_option("jobs")
+
+
+@dataclass
+class JudgeOptions:
+    """How candidates are judged and timed, as typed on the command line (see the module's docstring)."""
+
+    smoke: SmokeOpt = False
+    device: DeviceOpt = "auto"
+    timeout: TimeoutOpt = _run_option("timeout")
+    compile_timeout: CompileTimeoutOpt = _run_option("compile_timeout")
+    trials: TrialsOpt = None
+    atol: AtolOpt = None
+    rtol: RtolOpt = None
+    precision: PrecisionOpt = _setting("precision")
+    tolerance: ToleranceOpt = "default"
+    account_launches: LaunchesOpt = _setting("account_launches")
+    reps: RepsOpt = None
+    warmup: WarmupOpt = None
+    warmup_seconds: WarmupSecondsOpt = None
+    max_reps: MaxRepsOpt = None
+    target_rse: RseOpt = _setting("target_rse")
+    timing_budget: BudgetOpt = None
+    cuda_graph: GraphOpt = _setting("cuda_graph")
+    compile_baseline: CompileBaselineOpt = None
+    max_speedup: MaxSpeedupOpt = _setting("max_speedup")
+    dim: DimOpt = None
+    threads: ThreadsOpt = None
+    cache_dir: CacheOpt = None
+    baselines: BaselinesOpt = None
+
+    # None unless typed: `--smoke` or the defaults fill them (`plan.build_settings`)
+    TIMING: ClassVar[tuple[str, ...]] = ("trials", "reps", "warmup", "warmup_seconds", "max_reps", "timing_budget",
+                                         "compile_baseline")
+
+    def settings(self, problems: list[Problem], warnings: list[str]) -> RunSettings:
+        """The run's settings for these problems; ValueError naming the option when one is wrong."""
+        return build_settings(self.device, self.dim, self.threads, self.smoke, problems, warnings,
+                              **precision_settings(self.precision, self.tolerance, self.atol, self.rtol),
+                              target_rse=self.target_rse, cuda_graph=self.cuda_graph, max_speedup=self.max_speedup,
+                              account_launches=self.account_launches,
+                              **{name: getattr(self, name) for name in self.TIMING})
+
+    def typed_settings(self) -> list[str]:
+        """The options typed that only choose settings a resumed run has recorded (so they are ignored)."""
+        typed = [name for name in self.TIMING if getattr(self, name) is not None]
+        return [f"--{name.replace('_', '-')}" for name in [*typed, *["dim"] * bool(self.dim),
+                                                          *["smoke"] * self.smoke]]
+
+    def cache(self) -> Path:
+        return self.cache_dir or default_cache_dir()
+
+    def run_fields(self) -> dict[str, Any]:
+        """The `RunOptions` fields these options set besides the settings."""
+        return {"timeout": self.timeout, "compile_timeout": self.compile_timeout, "cache_dir": self.cache(),
+                "baselines": self.baselines}
+
+
+Command = Callable[..., None]
+
+
+def judging_options(only: tuple[str, ...] | None = None,
+                    replace: dict[str, tuple[object, object]] | None = None) -> Callable[[Command], Command]:
+    """Declare the command's `JudgeOptions` parameter to typer as one option per field, in its place.
+
+    `only` keeps some fields, in its order (the rest take their defaults); `replace` gives a field another
+    declaration and default, as (annotation, default), where one command means something else by it.
+    """
+
+    def declare(command: Command) -> Command:
+        hints = typing.get_type_hints(command, include_extras=True)
+        signature = inspect.signature(command)
+        [slot] = [name for name in signature.parameters if hints.get(name) is JudgeOptions]
+        field_hints = typing.get_type_hints(JudgeOptions, include_extras=True)
+        every = {f.name: f for f in dataclasses.fields(JudgeOptions)}
+        fields = [every[name] for name in only] if only else list(every.values())
+        names = [f.name for f in fields]
+        if clash := set(names) & (set(signature.parameters) - {slot}):
+            raise TypeError(f"{command.__name__}: parameters {sorted(clash)} shadow shared options")
+        declared: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name != slot:
+                declared.append(param.replace(annotation=hints[param.name], kind=inspect.Parameter.KEYWORD_ONLY))
+                continue
+            for f in fields:
+                hint, default = (replace or {}).get(f.name, (field_hints[f.name], f.default))
+                declared.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hint,
+                                                  default=default))
+
+        @functools.wraps(command)
+        def with_options(**kwargs: Any) -> None:
+            shared = JudgeOptions(**{name: kwargs.pop(name) for name in names})
+            return command(**kwargs, **{slot: shared})
+
+        with_options.__signature__ = signature.replace(parameters=declared)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in declared}
+        return with_options
+
+    return declare

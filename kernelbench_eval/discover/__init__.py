@@ -1,0 +1,1 @@
+"""Discover: find problems and candidates, pin the problem's bytes the reference imports."""

@@ -1,0 +1,1 @@
+"""Isolation: the processes candidates and references run in, and what contains them."""

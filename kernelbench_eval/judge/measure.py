@@ -1,0 +1,182 @@
+"""Stage 4, the harness side of timing: models timed interleaved, a stopping rule, and clocks no candidate
+can reach.
+
+Each `TimedModel` is one model in its worker (the reference, its torch.compile, or a candidate). Blocks of
+calls alternate between them (ABBA order), all on the same schedule of rotating inputs, so clock drift
+and thermal state hit every one alike. Measurement stops when every model's time per call
+(`stats.per_call_ms`) is stable (relative standard error under the target) after the minimum number of
+calls, or when the time budget or the call cap is reached. Every block is also timed by the harness's own
+clock, for the cross-checks in `plausibility`.
+(Not to be confused with an evaluation lane, `lanes.py`: one GPU judging one candidate at a time.)
+
+A worker is sent one call at a time, each with its inputs' (base set, scale, seed), and the next only once it
+has answered: the schedule of a block is drawn here, from the system's randomness, and never crosses to a
+worker ahead of its call, so nothing in a candidate's process (its caller's frame, the request, a pipe's
+buffer) tells it what the next call will be or how many are left to come. Precomputing later calls'
+outputs during one call is impossible, and batching them is too.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kernelbench_eval.isolation import gpus, linux
+from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.judge.stats import Samples
+from kernelbench_eval.records import RunSettings, Slot, WorkerReply, WorkerRequest
+
+Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
+BLOCK_CALLS = 10
+CPU_BLOCK_CALLS = 1  # on the CPU, the models alternate call by call: host load changes within a 10-call block
+KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
+SCALE_RANGE = (0.75, 1.25)
+
+
+@dataclass
+class TimedModel:
+    """One model as it is timed: its worker, its per-call samples, and the harness's own clocks on it."""
+
+    worker: WorkerProcess
+    model: str = "main"  # which of the worker's models is timed ("compiled": the torch.compile baseline)
+    # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
+    # (so computing them only then is caught by the clock check), the reference does the same copies.
+    follow: Callable[[list[Call]], None] | None = None
+    before: Callable[[], None] | None = None  # right before its warm-up and each block, outside their wall clock
+    layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
+    event_ms: Samples = field(default_factory=Samples)
+    device_ms: Samples = field(default_factory=Samples)
+    wall_ms: float = 0.0
+    block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
+    graph_error: str | None = None
+    cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
+
+    def cores_used(self) -> float:
+        return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
+
+    def __post_init__(self) -> None:
+        self.event_ms, self.device_ms, self.block_gaps = (Samples(x) for x in (self.event_ms, self.device_ms,
+                                                                              self.block_gaps))
+
+    def per_call(self) -> float:
+        """What one call costs (`stats.per_call_ms`): every call of a window paid for, a slow window outvoted."""
+        return self.event_ms.per_call()
+
+    def wall_per_call(self) -> float:
+        return self.wall_ms / len(self.event_ms)
+
+    def unexplained(self) -> float:
+        """Wall time per call not covered by the device-wide times this model reported (median over blocks,
+        so one block slowed by a garbage collection or a preemption does not decide)."""
+        return self.block_gaps.median()
+
+    def add_block(self, replies: list[WorkerReply], wall_ms: float) -> None:
+        """One block: a reply per call (each sent alone), and the harness's wall clock over all of them."""
+        self.wall_ms += wall_ms
+        device = [d for reply in replies for d in reply.device_ms]
+        self.event_ms += [s for reply in replies for s in reply.samples_ms]
+        self.device_ms += device
+        if device:
+            self.block_gaps.append((wall_ms - sum(device)) / len(device))
+        for reply in replies:
+            self.graph_error = self.graph_error or reply.graph_error
+
+    def paired_gaps(self, other: TimedModel) -> Samples:
+        """Per block, this model's unexplained wall time per call minus `other`'s in the same block: the two
+        ran back to back, so host load that hit the block hit both, and cancels."""
+        return Samples(mine - theirs for mine, theirs in zip(self.block_gaps, other.block_gaps, strict=False))
+
+    def device_tail(self) -> float:
+        return Samples(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True)).median()
+
+
+@dataclass
+class Measurement:
+    timed: list[TimedModel]
+    blocks: int
+    seconds: float
+    last_schedule: list[Call]
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 0.1)
+
+
+def block_calls(output_bytes: int) -> int:
+    """Calls per block: as many as fit the kept-output budget, at most BLOCK_CALLS."""
+    return max(1, min(BLOCK_CALLS, KEPT_BYTES // max(output_bytes, 1)))
+
+
+def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettings, deadline: Deadline,
+            calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
+            ) -> Measurement:
+    """Time every model, block by block in alternating order, until the stopping rule is met."""
+    rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
+    if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
+        calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
+    for one in timed:
+        if one.before:
+            one.before()
+        _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
+                                     warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
+                                     graph=settings.cuda_graph), deadline)
+    started = time.monotonic()
+    blocks, schedule = 0, []
+    while True:
+        schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
+                    for _ in range(calls_per_block)]
+        for one in timed if blocks % 2 == 0 else timed[::-1]:
+            if one.before:
+                one.before()
+            cpu_before = process_cpu_ms(one.worker)
+            begun = time.perf_counter_ns()
+            replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
+                                                   first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1]),
+                                deadline) for i, call in enumerate(schedule)]
+            if one.follow:
+                one.follow(schedule)
+            one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
+            one.cpu_ms += process_cpu_ms(one.worker) - cpu_before
+        if after_block:
+            after_block(blocks, schedule)
+        blocks += 1
+        if _done(timed, settings, time.monotonic() - started):
+            return Measurement(timed, blocks, time.monotonic() - started, schedule)
+
+
+def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> bool:
+    calls = len(timed[0].event_ms)
+    if calls >= settings.max_reps:
+        return True
+    if elapsed >= settings.timing_budget:
+        return calls >= min(settings.reps, BLOCK_CALLS)
+    return calls >= settings.reps and all(one.event_ms.rse_per_call() <= settings.target_rse for one in timed)
+
+
+def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
+    return one.worker.call(req, deadline.left())
+
+
+def process_cpu_ms(worker: WorkerProcess) -> float:
+    """User plus system CPU time of a worker's process (all its threads), as the kernel accounts it."""
+    pid = getattr(getattr(worker, "proc", None), "pid", None)
+    return linux.cpu_time_ms(pid) if pid is not None else 0.0
+
+
+def sm_clock_mhz(gpu: str | None = None) -> int | None:
+    """The SM clock of `gpu` (an index or UUID, as in CUDA_VISIBLE_DEVICES) from nvidia-smi, read by the
+    harness (a candidate cannot fake it)."""
+    index = (gpus.parse(gpu) or gpus.visible() or ["0"])[0]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", index],
+                             capture_output=True, text=True, timeout=10).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

@@ -1,0 +1,96 @@
+"""Why a measured time is not believed: the rules that turn a correct candidate into `suspicious`.
+
+Every rule compares what the candidate's process reported with something it cannot reach: the
+harness's own wall clock, the reference measured the same way in the same minutes, or physics. On a busy
+host the rules must not fire on the reference's own code (`kbeval selftest`): what the reference shows in
+the same blocks (its CPU use, its unexplained wall time) is the noise a candidate is measured against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelbench_eval.judge.measure import TimedModel
+from kernelbench_eval.judge.stats import Samples
+
+CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) beyond the reference's...
+CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
+CLOCK_FLOOR_MS = 0.02  # but a timer that missed more than this and several times what it reported
+CLOCK_FACTOR = 3.0  # is caught even on short kernels
+CORES_SLACK = 0.5  # cores a candidate may keep busy beyond what the reference did in the same minutes
+GAP_Z = 3.0  # the paired gap must be this many standard errors above 0 to be more than host noise
+TAIL_SLACK_MS = 0.02
+TAIL_SLACK_SHARE = 0.1
+
+
+@dataclass
+class Assessment:
+    """What the timing of a correct candidate supports: the time we report, and why it may be doubted."""
+
+    runtime_ms: float  # the time we stand behind (device-wide when work escaped the call's own events)
+    reasons: list[str] = field(default_factory=list)
+    speedup_trusted: bool = True
+
+
+def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | None, threads: int | None = None
+           ) -> Assessment:
+    """The candidate's runtime and the reasons, if any, to distrust it."""
+    result = Assessment(runtime_ms=cand.per_call())
+    cores, ref_cores = cand.cores_used(), ref.cores_used()
+    if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
+        result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
+                              f"the run fixes {threads} thread(s) (--threads); the reference was held to that")
+    explained = cand.device_ms.mean()
+    excess = cand.unexplained() - ref.unexplained()
+    if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):
+        result.reasons.append(
+            f"clock mismatch: the harness's wall clock saw {excess:.3g} ms per call more than the timer in the "
+            f"candidate's process reported ({explained:.3g} ms); its clock or events were tampered with or work "
+            "was hidden from them")
+        result.speedup_trusted = False
+    if device == "cuda":
+        tail = cand.device_tail() - ref.device_tail()
+        if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
+            result.runtime_ms = cand.device_ms.per_call() - ref.device_tail()
+            result.reasons.append(
+                f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
+                f"timed device-wide instead: {result.runtime_ms:.3g} ms")
+    if floor_ms and result.runtime_ms < floor_ms:
+        result.reasons.append(
+            f"{result.runtime_ms:.3g} ms is below the physical floor of {floor_ms:.3g} ms (its inputs' bytes "
+            "read once at the GPU's peak memory bandwidth)")
+    return result
+
+
+def clock_slack(reported_ms: float) -> float:
+    """How much unexplained wall time per call is tolerated before the timer is called tampered with.
+
+    Host noise (a pipe round trip, a garbage collection) is tens of microseconds, so small absolute gaps
+    are forgiven, unless the gap is several times the time the candidate claims, which noise is not.
+    """
+    loose = max(CLOCK_SLACK_MS, CLOCK_SLACK_SHARE * reported_ms)
+    strict = max(CLOCK_FLOOR_MS, CLOCK_FACTOR * reported_ms)
+    return min(loose, strict)
+
+
+def significant(paired: list[float]) -> bool:
+    """Whether the candidate's unexplained wall time exceeds the reference's by more than host noise.
+
+    Each value is one block's gap difference (candidate minus reference, run back to back). A tampered
+    timer hides time in every block, so the differences sit far from 0 with a small spread; load on a busy
+    host lands on either model at random, so their median is within a few standard errors of 0. Few blocks
+    cannot show either: then the threshold alone decides, as before.
+    """
+    if len(paired) < 5:
+        return True
+    gaps = Samples(paired)
+    return gaps.median() > GAP_Z * gaps.median_stderr()
+
+
+def speedup_reason(speedup: float | None, max_speedup: float, ci: tuple[float, float] | None = None) -> str | None:
+    """A speedup over the limit; with its interval, only when even the interval's low end is over it (a
+    median thrown far by a burst of load has a wide interval, a real 50x does not)."""
+    claimed = ci[0] if ci else speedup
+    if speedup is not None and claimed is not None and max_speedup and claimed > max_speedup:
+        return f"speedup {speedup:.3g}x is above the {max_speedup:g}x plausibility limit (--max-speedup)"
+    return None

@@ -1,0 +1,427 @@
+"""The records that cross a process boundary or land on disk, one pydantic model each.
+
+Everything the harness writes (verdicts, run manifests) and everything a worker process sends back is
+validated through these models, so a torn, forged or stale record fails loudly instead of being
+half-trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernelbench_eval.judge.stats import Samples
+from kernelbench_eval.statuses import Status
+
+Device = Literal["cpu", "cuda"]
+
+
+class TimingStats(BaseModel):
+    """Summary of per-call times in milliseconds; the median is the number people compare."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float
+    calls: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> TimingStats:
+        """The record of a `stats.Samples` summary (ValueError when there are none)."""
+        return cls(**Samples(samples_ms).summary())
+
+
+class RunSettings(BaseModel):
+    """Everything that changes a verdict. Its key decides whether a recorded verdict can be reused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device: Device
+    trials: int = Field(5, ge=1)
+    atol: float = Field(1e-2, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+    warmup: int = Field(10, ge=0)
+    warmup_seconds: float = Field(1.0, ge=0)
+    reps: int = Field(100, ge=1)  # timed calls per lane, at least, when the budget allows
+    max_reps: int = Field(2000, ge=1)
+    target_rse: float = Field(0.01, gt=0)  # stop once the median's relative standard error is below this
+    timing_budget: float = Field(10.0, gt=0)  # seconds of timing per candidate, beyond which we stop
+    cuda_graph: bool = False
+    compile_baseline: bool = True
+    max_speedup: float = Field(10.0, ge=0)  # a faster claim is `suspicious` (0: no limit)
+    dims: dict[str, int | float] = Field(default_factory=dict)
+    threads: int | None = None
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of inputs and models (`precision.py`)
+    smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
+    account_launches: bool = False  # profile one more forward of each correct candidate (`kernels`); costs seconds
+
+    def key(self) -> str:
+        return _digest(self._payload(exclude={"smoke"}))  # the fields it set are in the key
+
+    def timing_key(self) -> str:
+        """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
+        return _digest(self._payload(exclude={"trials", "atol", "rtol", "max_speedup", "compile_baseline",
+                                              "smoke"}))
+
+    def _payload(self, exclude: set[str] | None = None) -> dict:
+        """The settings that make the key; fp32 is left out, so runs made before `precision` keep their keys."""
+        payload = self.model_dump(mode="json", exclude=exclude)
+        if payload.get("precision") == "fp32":
+            del payload["precision"]
+        if not payload.get("account_launches", True):  # off: the keys of runs made before it existed
+            del payload["account_launches"]
+        return payload
+
+
+def _digest(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Timing(BaseModel):
+    """How a candidate was timed: its lane and the reference's, interleaved, and every cross-check."""
+
+    candidate: TimingStats
+    reference: TimingStats
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    blocks: int
+    checked_calls: int
+    attempts: int = 1  # 2 when a first measurement's clocks disagreed and it was measured again
+    rse: float
+    ref_rse: float
+    wall_ms_per_call: float  # the harness's own clock, outside the candidate's reach
+    ref_wall_ms_per_call: float
+    unexplained_ms: float  # wall time per call the candidate's timer did not account for, beyond the reference's
+    device_tail_ms: float | None = None  # device-wide time after the call's own end event (other streams)
+    ref_device_tail_ms: float | None = None
+    event_overhead_ms: float | None = None
+    sm_clock_mhz: tuple[int | None, int | None] | None = None  # before and after
+    cuda_graph: bool = False
+    graph_error: str | None = None
+    floor_ms: float | None = None  # input bytes over peak memory bandwidth
+    seconds: float = 0.0
+    # where one candidate's evaluation spent its wall time: spawn, load, trials, timing, checks (seconds)
+    phases: dict[str, float] = Field(default_factory=dict)
+    device_busy: float | None = None  # share of the timing stage's wall time the timed calls kept the device busy
+    exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
+    # the reference timed alone (`judge.refguard`): its time per call, interleaved / alone, and what was concluded:
+    # "agrees", "refreshed" (the machine changed: re-measured alone), "disturbed" (slowed beside the candidate)
+    ref_alone_ms: float | None = None
+    ref_alone_ratio: float | None = None
+    ref_alone_check: str | None = None
+
+
+class Baseline(BaseModel):
+    """One problem's eager and torch.compile times on one machine: an entry of `results/baselines.json`."""
+
+    problem: str
+    source_sha256: str
+    device_name: str
+    torch_version: str
+    timing_key: str
+    eager: TimingStats
+    eager_samples: list[float]
+    compile_mode: str = "default"
+    compiled: TimingStats | None = None
+    compiled_samples: list[float] = Field(default_factory=list)
+    compile_error: str | None = None
+    measured_at: str = ""
+
+    def key(self) -> str:
+        return baseline_key(self.source_sha256, self.device_name, self.torch_version, self.timing_key)
+
+
+def baseline_key(source_sha256: str, device_name: str, torch_version: str, timing_key: str) -> str:
+    return _digest([source_sha256, device_name, torch_version, timing_key])
+
+
+class RunManifest(BaseModel):
+    """`run.json`: how a run was started, so `--resume` continues it with the same settings.
+
+    It holds no seeds: those are drawn afresh by each harness process and never written anywhere a
+    candidate could read them.
+    """
+
+    run_id: str
+    settings: RunSettings
+    problems_dir: str  # absolute, so a resume works from any folder (older runs: see pipeline.manifest_dirs)
+    candidates_dir: str
+    only: list[str] | None = None  # `--problem` filter: a resume judges the same problems
+    torch_version: str
+    created_at: str
+
+
+class KernelCount(BaseModel):
+    """What ran during one forward of a model (`launches.py`): its own kernels against library ones."""
+
+    custom: int  # kernels (GPU) or calls (CPU) of the candidate's own extensions, Triton or custom ops
+    library: int  # aten / cuBLAS / cuDNN kernels (GPU) or outermost aten ops (CPU)
+    custom_share: float  # of device time (GPU) or of profiled CPU op time (CPU), 0..1
+    device: Device = "cpu"
+
+
+class KernelRow(BaseModel):
+    """One line of `kbeval profile`'s per-kernel table."""
+
+    name: str
+    kind: Literal["custom", "library"]
+    calls: int
+    total_ms: float
+    mean_ms: float
+    share: float  # of the model's profiled time
+
+
+# attack class -> the record's layers, any one of which stops it where it held (see sandbox.py, README)
+CONTAINMENT: dict[str, tuple[str, ...]] = {
+    "signals": ("landlock_scopes", "seccomp_signals"),  # SIGSTOP/SIGKILL of the checker, the harness, others
+    "scheduling": ("seccomp",),  # sched_setaffinity, setpriority, prlimit... of another process
+    "memory": ("landlock_fs", "caps_dropped"),  # /proc/<pid>/mem of the checker, the harness, others
+    "ptrace": ("seccomp", "landlock_fs", "caps_dropped"),
+    "writes": ("landlock_fs",),  # results, caches, baselines, other candidates' folders
+    "network": ("netns",),  # Landlock's TCP rules alone leave UDP open
+    "survival": ("cgroup",),  # a daemon outliving its evaluation
+}
+
+
+class SandboxSpec(BaseModel):
+    """What the harness asks of a candidate's worker: the layers to apply and where it may write."""
+
+    writable: list[str] = Field(default_factory=list)
+    cuda: Literal["none", "init", "context"] = "none"  # initialised before Landlock and seccomp
+    layers: list[str] = Field(default_factory=list)  # of sandbox.LAYERS
+
+
+class SandboxRecord(BaseModel):
+    """What held around a candidate's processes (every worker that ran its code in this run)."""
+
+    cgroup: bool = False  # a cgroup v2 leaf of its own, killed whole when its work ended
+    netns: bool = False  # a network namespace of its own, with no interface up
+    caps_dropped: bool = False  # no capability left, none regained by exec
+    no_new_privs: bool = False
+    landlock_abi: int = 0
+    landlock_fs: bool = False  # writes only to its own folders; ptrace and /proc/<pid>/mem confined
+    landlock_net: bool = False  # TCP bind and connect refused
+    landlock_scopes: bool = False  # signals and abstract unix sockets confined to its own processes
+    landlock_all_threads: bool = False  # also on threads CUDA started before it (Landlock ABI 8)
+    seccomp: bool = False
+    seccomp_signals: bool = False  # signals to other processes refused by seccomp (no Landlock scopes)
+    missing: dict[str, str] = Field(default_factory=dict)  # layer -> why it did not hold
+    contained: list[str] = Field(default_factory=list)  # attack classes a held layer stops (CONTAINMENT)
+    uncontained: list[str] = Field(default_factory=list)
+
+    def settle(self) -> SandboxRecord:
+        """Fill `contained` and `uncontained` from the layers."""
+        self.contained = [c for c, layers in CONTAINMENT.items() if any(getattr(self, n) for n in layers)]
+        self.uncontained = [c for c in CONTAINMENT if c not in self.contained]
+        return self
+
+    def weakest(self, other: SandboxRecord | None) -> SandboxRecord:
+        """What held in both this worker and `other` (a candidate's build and its evaluation)."""
+        if other is None:
+            return self
+        merged = {name: getattr(self, name) and getattr(other, name)
+                  for name, field in SandboxRecord.model_fields.items() if field.annotation in (bool, "bool")}
+        return SandboxRecord(**merged, landlock_abi=min(self.landlock_abi, other.landlock_abi),
+                             missing=other.missing | self.missing).settle()
+
+
+class Findings(BaseModel):
+    """What judging settles about one candidate: every field of its verdict but who, where and when.
+
+    One typed path from a candidate's evaluation (or its failed build, or the static checks) to its
+    `Verdict`, which extends this with the run's identifiers.
+    """
+
+    status: Status
+    compiled: bool = False
+    compile_cached: bool = False
+    compile_seconds: float | None = None
+    correct: bool = False
+    runtime_ms: float = -1.0
+    ref_runtime_ms: float | None = None
+    speedup: float | None = None  # the same as speedup_vs_eager, under the name the seeds used
+    speedup_vs_eager: float | None = None
+    speedup_vs_eager_ci: tuple[float, float] | None = None
+    speedup_vs_compile: float | None = None
+    speedup_vs_compile_ci: tuple[float, float] | None = None
+    compile_runtime_ms: float | None = None
+    runtime_stats: TimingStats | None = None
+    ref_runtime_stats: TimingStats | None = None
+    timing: Timing | None = None
+    problem_warning: str | None = None
+    lane: str | None = None  # the evaluation lane (GPU) that judged it: "cuda:1", "cpu:0", "ray:NODE/cuda:0"
+    built_on: str | None = None  # Ray runs: the node that built it ("NAME/node-id-prefix")
+    duplicate_of: str | None = None  # same bytes as this candidate of the same problem: judged once, reused
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    trials_passed: int = 0
+    mutates_inputs: bool = False  # it changed its inputs in place (judged on the untouched reference anyway)
+    device_name: str | None = None
+    precision: str | None = None  # fp32 / fp16 / bf16 (`--precision`); None in runs made before it existed
+    problem_group: str | None = None  # the problem's folder under the problems dir ("level2"), None at its top
+    kernels: KernelCount | None = None  # launch accounting of one forward, for correct candidates
+    kernels_warning: str | None = None  # set when none of the work ran in the candidate's own kernels
+    sandbox: SandboxRecord | None = None  # what contained its processes (None: none ran, or an older run)
+    error: str | None = None
+
+    def disqualify(self, status: Status, error: str) -> None:
+        """A candidate found out after the fact (say, tampering): no time, no speedup."""
+        self.status, self.error, self.correct, self.runtime_ms = status, error, False, -1.0
+        self.speedup = self.speedup_vs_eager = self.speedup_vs_compile = None
+        self.speedup_vs_eager_ci = self.speedup_vs_compile_ci = None
+
+
+class Verdict(Findings):
+    """One line of `verdicts.jsonl`: the judgement of one candidate under one set of settings."""
+
+    run_id: str
+    problem: str
+    candidate: str
+    source_sha256: str
+    settings_key: str
+    device: Device
+    torch_version: str
+    trials: int = 0
+    log: str | None = None
+    wall_seconds: float = 0.0
+    finished_at: str = ""
+
+    def findings(self) -> Findings:
+        return Findings.model_validate(self.model_dump(include=set(Findings.model_fields)))
+
+
+class CompileRecord(BaseModel):
+    """`compile.json` in a build directory: the outcome of importing (and so building) one source."""
+
+    ok: bool
+    status: Status | None = None  # compile_error / load_error / timeout / crashed when not ok
+    error: str | None = None
+    timed_out: bool = False
+    seconds: float = 0.0  # the whole build: import (extension compile) and warm-up
+    warmup_seconds: float | None = None  # the build-stage warm-up call's part (`warmup.py`); None: none ran
+    torch_version: str = ""
+    sandbox: SandboxRecord | None = None  # what contained the build's worker
+
+
+# --- messages between the harness and its worker processes -------------------------------------------
+
+
+class TensorMeta(BaseModel):
+    """What a worker saw of one output before it was moved to the CPU and saved."""
+
+    type_name: str
+    exact_tensor: bool
+    device: str | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+
+
+class Slot(BaseModel):
+    """Where one tensor lies in an exchange buffer (offset, dtype, shape), or a plain value passed as is."""
+
+    offset: int = 0
+    dtype: str | None = None  # None: not a tensor, `value` holds it
+    shape: list[int] = Field(default_factory=list)
+    value: Any = None
+
+
+class ExchangeInfo(BaseModel):
+    """How a candidate reaches the buffer the checker lends it: a CUDA IPC handle (hex) or a shared file."""
+
+    kind: Literal["cuda_ipc", "shm"]
+    handle: str
+    size: int = Field(ge=0)
+
+
+class CheckResult(BaseModel):
+    """One comparison of a candidate's outputs with the reference's, made in the checker."""
+
+    passed: bool
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    error: str | None = None
+
+
+class WorkerRequest(BaseModel):
+    """A command sent to a worker on its stdin, one JSON object a line."""
+
+    op: Literal["import", "load", "prepare", "expect", "open_exchange", "close_exchange", "put", "attach", "take",
+                "run", "compare", "time", "export", "compare_timed", "profile", "warmup", "park", "exit"]
+    # load: module file and class to build (`model` names it in the worker: "main", or "compiled" for the
+    # torch.compile baseline); prepare (reference): problem file, one input set per seed
+    path: str | None = None
+    class_name: str | None = None
+    model: str = "main"
+    init_file: str | None = None
+    init_seed: int | None = None
+    device: Device | None = None  # load: the model's; prepare: where the input sets are drawn (`draw_inputs`)
+    dims: dict[str, int | float] = Field(default_factory=dict)
+    threads: int | None = None
+    problem: str | None = None  # warmup: the problem file whose Model/get_inputs shape the call
+    precision: str | None = None  # prepare/load/warmup: cast inputs and model (`precision.py`); None is fp32
+    compile_mode: str | None = None  # load: wrap the model in torch.compile (the compile baseline)
+    trial_seeds: list[int] = Field(default_factory=list)
+    timing_seeds: list[int] = Field(default_factory=list)
+    inputs_dir: str | None = None  # prepare: where init.pt goes (inputs stay in the worker's memory)
+    save_inputs: bool = False  # prepare: also save each input set there (`kbeval profile`; seeds not secret)
+    inputs_file: str | None = None  # profile: the inputs to profile one forward on
+    # exchange: its size and where a shared file may go; put/take: an input set's name and its slots
+    size: int = 0
+    shm_dir: str | None = None
+    exchange: ExchangeInfo | None = None
+    name: str | None = None
+    slots: list[Slot] = Field(default_factory=list)
+    # run (candidate): the set to run on, the slots its outputs go to; `sentinel` fills free memory first
+    sentinel: int | None = None
+    atol: float = 0.0  # expect: the tolerances every later comparison uses
+    rtol: float = 0.0
+    # compare (checker): which trial, what the candidate said of its outputs, where they lie
+    trial: int = 0
+    outputs: list[TensorMeta] = Field(default_factory=list)
+    # time: one call per (base set, scale, seed) of `schedule` on rotating inputs from `input_sets`
+    input_sets: list[str] = Field(default_factory=list)
+    schedule: list[tuple[int, float, int]] = Field(default_factory=list)
+    warmup: int = 0
+    warmup_seconds: float = 0.0
+    graph: bool = False
+    first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
+    # export (candidate) / compare_timed (checker): calls of the last block, and their slots
+    calls: list[int] = Field(default_factory=list)
+    layout: list[list[Slot]] = Field(default_factory=list)
+    metas: list[list[TensorMeta]] = Field(default_factory=list)
+
+
+class WorkerReply(BaseModel):
+    """A worker's answer on its private reply pipe; never parsed from the candidate's stdout."""
+
+    ok: bool
+    error_kind: Literal["load_error", "runtime_error", "compile_error"] | None = None
+    error: str | None = None
+    outputs: list[TensorMeta] = Field(default_factory=list)
+    expected: list[list[TensorMeta]] = Field(default_factory=list)  # expect: per trial, the reference's outputs
+    metas: list[list[TensorMeta]] = Field(default_factory=list)  # export: per call, the candidate's outputs
+    slots: list[Slot] = Field(default_factory=list)
+    exchange: ExchangeInfo | None = None
+    check: CheckResult | None = None
+    warning: str | None = None
+    samples_ms: list[float] = Field(default_factory=list)
+    device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
+    graph_error: str | None = None
+    launch_error: str | None = None
+    mutated_inputs: bool = False
+    device_name: str | None = None
+    torch_version: str | None = None
+    input_shapes: list[str] = Field(default_factory=list)
+    input_bytes: int = 0
+    memory_bandwidth_gbs: float | None = None
+    event_overhead_ms: float | None = None
+    memory_bytes: int | None = None  # load: the device's memory (the host's for the CPU), for the lanes' budget
+    kernels: KernelCount | None = None  # profile: launch accounting
+    kernel_rows: list[KernelRow] = Field(default_factory=list)  # profile: per-kernel table
+    sandbox: SandboxRecord | None = None  # a candidate's worker, first line: what it confined itself with
+    seconds: float = 0.0

@@ -1,0 +1,1 @@
+"""Results: verdict files, reports, comparisons, gates and aggregates."""

@@ -1,0 +1,1 @@
+"""Run orchestration: plan, schedule onto lanes (local or Ray), drive build -> judge -> record."""

@@ -1,0 +1,95 @@
+"""What both worker roles need: torch imported late, tensor descriptions, the sentinel fill, device names."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kernelbench_eval.records import Slot, TensorMeta
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        _torch().cuda.synchronize()
+
+
+def _device_name(device: str) -> str:
+    torch = _torch()
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    import platform
+
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _memory_bytes(device: str) -> int | None:
+    """The device's total memory (the host's for the CPU); None where it is not reported."""
+    if device == "cuda":
+        return int(_torch().cuda.get_device_properties(_torch().cuda.current_device()).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return None
+
+
+def _nbytes(x: Any) -> int:
+    torch = _torch()
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+
+def fill_free_memory(device: str, byte: int, hint_bytes: int) -> None:
+    """Write `byte` over memory the allocator will hand out next, so reads of uninitialised memory show.
+
+    A large block (several times the inputs) and a spread of small ones are filled and freed back to
+    the allocator's cache, where `torch.empty` in the model will find them.
+    """
+    torch = _torch()
+    size = max(4 * hint_bytes, 64 << 20)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        size = min(size, torch.cuda.mem_get_info()[0] // 2)
+    blocks = [torch.full((size,), byte, dtype=torch.uint8, device=device)]
+    blocks += [torch.full((s,), byte, dtype=torch.uint8, device=device) for s in (512, 4096, 65536, 524288) * 16]
+    _sync(device)
+    del blocks
+
+
+def _describe(x: Any) -> str:
+    torch = _torch()
+    if isinstance(x, torch.Tensor):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return repr(x)
+
+
+def _meta(x: Any) -> TensorMeta:
+    torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        return TensorMeta(type_name=type(x).__qualname__, exact_tensor=False)
+    return TensorMeta(
+        type_name=type(x).__qualname__,
+        exact_tensor=type(x) is torch.Tensor,
+        device=str(x.device),
+        dtype=str(x.dtype),
+        shape=list(x.shape),
+    )
+
+
+def as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def fits(metas: list[TensorMeta], slots: list[Slot]) -> bool:
+    """Whether outputs described by `metas` can be copied into `slots` as they are (no cast, no reshape)."""
+    return len(metas) == len(slots) and all(
+        m.exact_tensor and m.dtype == s.dtype and m.shape == s.shape for m, s in zip(metas, slots, strict=True))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
