@@ -92,8 +92,8 @@ class Timing(BaseModel):
     blocks: int
     checked_calls: int
     attempts: int = 1  # 2 when a first measurement's clocks disagreed and it was measured again
-    rse: float
-    ref_rse: float
+    rse: float | None  # None: too few windows of calls to say (`stats.rse_per_call`)
+    ref_rse: float | None
     wall_ms_per_call: float  # the harness's own clock, outside the candidate's reach
     ref_wall_ms_per_call: float
     unexplained_ms: float  # wall time per call the candidate's timer did not account for, beyond the reference's

@@ -115,8 +115,10 @@ def probe(timeout: float = 60.0) -> SandboxRecord:
 
     with tempfile.TemporaryDirectory(prefix="kbeval-probe-") as tmp:
         wanted = spec([Path(tmp)], "cpu", "build")
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-               SPEC_VAR: wanted.model_dump_json()}
+        # the package and whatever the harness itself imports from (a --target install of pydantic, say): a
+        # probe that cannot import the package reports every layer refused on a machine that allows them all
+        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": path, SPEC_VAR: wanted.model_dump_json()}
         proc = subprocess.Popen([sys.executable, "-m", "kernelbench_eval.isolation.sandbox", "--probe"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp)
         leaf, why = join_leaf(wanted, proc.pid)

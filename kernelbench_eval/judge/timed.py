@@ -11,6 +11,7 @@ with itself timed alone (`refguard`), so slowing the reference down is not a way
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -144,8 +145,8 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
         speedup_ci=interval,
-        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=rse_per_call(cand.event_ms),
-        ref_rse=rse_per_call(ref.event_ms), wall_ms_per_call=cand.wall_per_call(),
+        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=_finite(rse_per_call(cand.event_ms)),
+        ref_rse=_finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
         device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
         event_overhead_ms=run.ref.event_overhead_ms,
@@ -171,3 +172,8 @@ def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
     """Samples moved so their time per call is the runtime we stand behind (device-wide when work escaped)."""
     shift = runtime_ms - Samples(samples).per_call()
     return [s + shift for s in samples] if shift else samples
+
+
+def _finite(value: float) -> float | None:
+    """A number that survives the JSON round trip of a verdict (inf would come back as null)."""
+    return value if math.isfinite(value) else None
