@@ -215,6 +215,69 @@ def test_a_build_unpacked_under_another_root_is_not_rebuilt(tmp_path):
     assert "no work to do" not in _dry_run(unrelocated / "ext" / "fake")
 
 
+def _an_mtime_a_tar_moves_later(scratch: Path) -> int:
+    """An mtime (ns) that a plain tar round trip (a float mtime) brings back later than it was."""
+    scratch.mkdir()
+    (scratch / "f").write_text("x")
+    for ns in range(1_700_000_000_000_000_001, 1_700_000_000_000_000_001 + 1000 * 997, 997):
+        os.utime(scratch / "f", ns=(ns, ns))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(scratch / "f", arcname="f")
+        with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+            tar.extractall(scratch / "out", filter="data")
+        if (scratch / "out" / "f").stat().st_mtime_ns > ns:
+            return ns
+    raise AssertionError("no mtime that a tar moves later")
+
+
+def test_a_carried_build_keeps_its_mtimes_to_the_nanosecond(tmp_path):
+    """ninja logs an output with its command's start time, read from a file it stamps, and rebuilds when an
+    input is newer than that. A source written in the same filesystem tick as that stamp has exactly the logged
+    time (often, for `load_inline`, which writes its sources just before running ninja), and a tar's float
+    mtime can bring it back a few hundred nanoseconds later. Forced here (source and record set to one such
+    time): `unpack` must restore every mtime exactly for the build to be clean where it lands."""
+    made = tmp_path / "a" / "builds" / "b1"
+    folder = _ninja_project(made)
+    (folder / "main.cpp").write_text("int x;\n")
+    subprocess.run(["ninja", "-C", str(folder)], check=True, capture_output=True)
+    ns = _an_mtime_a_tar_moves_later(tmp_path / "scratch")
+    os.utime(folder / "main.cpp", ns=(ns, ns))
+    log = (folder / ".ninja_log").read_text().splitlines()
+    entries = [line.split("\t") for line in log[1:]]
+    (folder / ".ninja_log").write_text("\n".join([log[0]] + ["\t".join(e[:2] + [str(ns)] + e[3:]) if e[3] == "main.o"
+                                                           else "\t".join(e) for e in entries]) + "\n")
+    assert "no work to do" in _dry_run(folder)  # as ninja leaves it when the two share a tick
+    packed = {p.relative_to(made): p.stat().st_mtime_ns for p in made.rglob("*") if p.is_file()}
+    data = artifacts.pack(made)
+    moved = tmp_path / "b" / "builds" / "b1"
+    assert artifacts.unpack(data, moved) == made
+    assert {p.relative_to(moved): p.stat().st_mtime_ns for p in moved.rglob("*") if p.is_file()} == packed
+    assert relocate.relocate(moved, made)
+    assert "no work to do" in _dry_run(moved / "ext" / "fake")
+
+
+def test_a_manifest_with_bad_mtimes_is_refused(tmp_path):
+    made = tmp_path / "a" / "build"
+    made.mkdir(parents=True)
+    (made / "x.so").write_bytes(b"lib")
+    data = artifacts.pack(made)
+    for mtimes in ({}, {"x.so": 1.5}, {"x.so": -1}, {"x.so": "1"}, None):
+        manifest = artifacts.manifest_of(data) | {"mtimes": mtimes}
+        blob = json.dumps(manifest).encode()
+        altered = io.BytesIO()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as src, \
+                tarfile.open(fileobj=altered, mode="w:gz") as out:
+            for member in src.getmembers():
+                body = blob if member.name == artifacts.MANIFEST else src.extractfile(member).read()
+                member.size = len(body)
+                out.addfile(member, io.BytesIO(body))
+        dest = tmp_path / "b" / "build"
+        with pytest.raises(artifacts.ArtifactError, match="mtime"):
+            artifacts.unpack(altered.getvalue(), dest)
+        assert not dest.exists()
+
+
 def test_relocated_triton_groups_name_the_new_place(tmp_path):
     old, new = tmp_path / "a" / "triton", tmp_path / "b" / "triton"
     (new / "KEY").mkdir(parents=True)

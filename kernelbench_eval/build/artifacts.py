@@ -6,6 +6,11 @@ its sources, objects, `build.ninja`, `.ninja_log` and `.ninja_deps` as it left t
 so nothing short of the whole tree will do; the compile record and log travel with it. Lock files never
 travel: a lock means something only on the node that holds it.
 
+Why mtimes travel in the manifest, to the nanosecond: ninja (log v7) records for each output the exact mtime
+of its newest input and rebuilds when an input is newer than that record. A tar carries mtimes as a float,
+which moves a nanosecond mtime by up to ~100 ns either way, so an input could come out newer than its record
+(a coin flip per file) and the build would be rebuilt. `unpack` sets every file's recorded mtime exactly.
+
 Why a manifest: bytes that crossed a network and a cache must never become a loaded extension unless
 they are exactly what was packed. Every file's SHA-256 is checked before the build becomes visible, and
 it becomes visible all at once (unpacked beside its destination, then renamed into place).
@@ -44,7 +49,8 @@ def _digest(path: Path) -> str:
 def pack(build: Path) -> bytes:
     """The build directory as a gzipped tar, manifest first. Hold the build's lock while packing."""
     files = sorted(p for p in build.rglob("*") if _travels(p))
-    manifest = {"root": str(build), "files": {str(p.relative_to(build)): _digest(p) for p in files}}
+    manifest = {"root": str(build), "files": {str(p.relative_to(build)): _digest(p) for p in files},
+                "mtimes": {str(p.relative_to(build)): p.stat().st_mtime_ns for p in files}}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         blob = json.dumps(manifest, sort_keys=True).encode()
@@ -87,6 +93,7 @@ def unpack(data: bytes, dest: Path) -> Path:
         for rel, digest in want.items():
             if _digest(tmp / rel) != digest:
                 raise ArtifactError(f"{rel}: SHA-256 differs from the manifest")
+        _restore_mtimes(tmp, manifest.get("mtimes", {}), want)
         if dest.exists():  # a torn or failed build of this node: the caller's lock says nobody uses it
             shutil.rmtree(dest)
         os.rename(tmp, dest)
@@ -95,3 +102,13 @@ def unpack(data: bytes, dest: Path) -> Path:
         raise ArtifactError(f"cannot unpack into {dest}: {exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _restore_mtimes(root: Path, mtimes: object, files: dict[str, str]) -> None:
+    """Each file's mtime exactly as packed (the tar's own is rounded: see the module docstring)."""
+    if not isinstance(mtimes, dict) or set(mtimes) != set(files):
+        raise ArtifactError("the manifest's mtimes do not name its files")
+    for rel, ns in mtimes.items():
+        if type(ns) is not int or ns < 0:
+            raise ArtifactError(f"{rel}: mtime in the manifest is not a count of nanoseconds")
+        os.utime(root / rel, ns=(ns, ns))
