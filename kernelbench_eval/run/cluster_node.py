@@ -125,7 +125,8 @@ class LaneActor:
             if record.ok:
                 result = self.lane.evaluate(problem, path, Compiled(record, build, job["cached"]), ref_log, log)
             else:
-                result = LaneResult(Findings(status=record.status or "compile_error", error=record.error))
+                result = LaneResult(Findings(status=record.status or "compile_error", error=record.error,
+                                             lane=self.lane.spec.label))  # its warm-up failed on this lane
         finally:
             path.unlink(missing_ok=True)
         baseline = BaselineStore(self.baselines).get(result.baseline_key) if result.baseline_key else None
