@@ -236,7 +236,8 @@ _KEEPER = _Keeper()
 _LOCK = threading.Lock()
 _SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 _STARTS: dict[tuple[tuple[str, str], ...], int] = {}
-_STARTING: set[ForkServer] = set()  # servers importing torch now (under _LOCK)
+_STARTING: set[ForkServer] = set()  # servers importing torch now (under _STARTING_LOCK: _LOCK is held meanwhile)
+_STARTING_LOCK = threading.Lock()
 
 
 def _server_for(env: dict[str, str]) -> ForkServer | None:
@@ -255,14 +256,16 @@ def _server_for(env: dict[str, str]) -> ForkServer | None:
             atexit.register(stop_all)
         _STARTS[key] = _STARTS.get(key, 0) + 1
         server = ForkServer(env)
-        _STARTING.add(server)
+        with _STARTING_LOCK:
+            _STARTING.add(server)
         try:
             server.start()
         except (OSError, RuntimeError, ValueError):
             server.stop()
             return None
         finally:
-            _STARTING.discard(server)
+            with _STARTING_LOCK:
+                _STARTING.discard(server)
         _SERVERS[key] = server
         return server
 
@@ -281,7 +284,9 @@ def _drop_server(server: ForkServer, exc: BaseException) -> None:
 def stop_all() -> None:
     """Stop every server (at exit; their children die with them). One still starting (a harness that ends
     early, on a usage error, say) is killed at once, not waited for: its start then fails, freeing the lock."""
-    for server in list(_STARTING):
+    with _STARTING_LOCK:
+        starting = list(_STARTING)
+    for server in starting:
         with contextlib.suppress(OSError, AttributeError):
             server.proc.kill()  # type: ignore[union-attr]  (None before its Popen: then it is waited for)
     with _LOCK:
