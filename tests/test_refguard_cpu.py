@@ -241,3 +241,50 @@ def test_the_reference_alone_decides_between_a_disturbed_reference_and_a_changed
         assert agreement.outcome == "refreshed"  # a stale, slow baseline is replaced, nobody blamed
     finally:
         guard.release()
+
+
+def _ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_the_sandboxs_cgroup_freezes_what_left_the_process_group(tmp_path: Path):
+    """A child in a session of its own is out of reach of a group stop, not of its cgroup's freeze."""
+    from kernelbench_eval.isolation import cgroups
+
+    try:
+        leaf = cgroups.Leaf()
+    except OSError as exc:
+        pytest.skip(f"no cgroup v2 leaf here: {exc}")
+    pid_file = tmp_path / "child"
+    code = ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
+            "import time\nwhile True:\n    time.sleep(0.01)\n")
+    cand = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n" + code],
+                            stdin=subprocess.PIPE, start_new_session=True)
+    ref = _start("import time\nwhile True:\n    time.sleep(0.01)\n")
+    try:
+        leaf.add(cand.pid)  # before it forks: its child is born in the leaf
+        cand.stdin.write(b"go\n")
+        cand.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        child = int(pid_file.read_text())
+        guard = Guard(SimpleNamespace(proc=cand, leaf=leaf), _worker(ref), snapshot(ref.pid))  # type: ignore[arg-type]
+        guard.hold()
+        assert guard.by_leaf and guard.reasons() == []
+        before = _ticks(child)
+        time.sleep(1.0)
+        assert _ticks(child) - before <= 1  # frozen: at most the tick it was caught in
+        guard.release()
+        deadline = time.monotonic() + 10
+        while _ticks(child) - before <= 2 and time.monotonic() < deadline:  # it spins again
+            time.sleep(0.05)
+        assert _ticks(child) - before > 2
+    finally:
+        leaf.kill()
+        os.killpg(ref.pid, signal.SIGKILL)
+        ref.wait()
+        cand.wait()
