@@ -4,7 +4,8 @@ One real CPU run of the command line over `fixtures/attacks_reference` (candidat
 reference's worker while it is timed, an honest control, and one that precomputes), then the pieces of
 `judge.refguard` and the one-call-at-a-time protocol on processes and numbers this test controls. No assertion
 here rests on how fast anything ran: the attacks are caught by what the harness finds (a stopped or rescheduled
-reference), or shown harmless by what they could see or do (the candidates log it).
+reference), or shown harmless by what they could see or do (the candidates log it). The run is not sandboxed:
+the guard must stand on its own where a platform refuses the sandbox.
 """
 
 from __future__ import annotations
@@ -27,20 +28,29 @@ from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_fil
 from kernelbench_eval.judge import measure as measure_module
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
-from kernelbench_eval.judge.measure import Deadline, Lane, measure
+from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
 from kernelbench_eval.judge.refguard import Guard, check_reference, sched_of, snapshot, stop_group, threads
 from kernelbench_eval.records import RunSettings, WorkerReply
 
 PROBLEMS = FIXTURES / "attack_problems"
 ATTACKS = FIXTURES / "attacks_reference"
+SANDBOX_OFF = "KBEVAL_SANDBOX_OFF"
 
 
 @pytest.fixture(scope="module")
 def guarded_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("refguard")
-    proc = kbeval("run", "--device", "cpu", "--problems", str(PROBLEMS), "--candidates", str(ATTACKS),
-                  "--trials", "2", "--timeout", "120", "--threads", "1", "--timing-budget", "5", "--max-speedup", "0",
-                  "--no-compile-baseline", "--out", str(out), "--run-id", "r", cache=build_cache, check=False)
+    before = os.environ.get(SANDBOX_OFF)
+    os.environ[SANDBOX_OFF] = "all"  # the guard on its own: the sandbox's seccomp and Landlock would refuse the
+    try:  # attacks' signals and re-pinning outright (tests/test_sandbox.py), and a platform may refuse the sandbox
+        proc = kbeval("run", "--device", "cpu", "--problems", str(PROBLEMS), "--candidates", str(ATTACKS),
+                      "--trials", "2", "--timeout", "120", "--threads", "1", "--timing-budget", "5", "--max-speedup",
+                      "0", "--no-compile-baseline", "--out", str(out), "--run-id", "r", cache=build_cache, check=False)
+    finally:
+        if before is None:
+            os.environ.pop(SANDBOX_OFF, None)
+        else:
+            os.environ[SANDBOX_OFF] = before
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdicts = read_verdicts(out / "r")
     for v in verdicts.values():
@@ -134,7 +144,7 @@ class _Recorder:
 def test_workers_are_sent_one_call_at_a_time():
     worker = _Recorder()
     settings = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
-    result = measure([Lane(worker)], ["a", "b"], settings, Deadline(60), calls_per_block=10)  # type: ignore[arg-type]
+    result = measure([TimedModel(worker)], ["a", "b"], settings, Deadline(60), calls_per_block=10)  # type: ignore[arg-type]
     timed = [r for r in worker.requests if r.schedule]
     assert result.blocks == 3 and len(timed) == 30
     assert all(len(r.schedule) == 1 for r in timed)
@@ -231,3 +241,50 @@ def test_the_reference_alone_decides_between_a_disturbed_reference_and_a_changed
         assert agreement.outcome == "refreshed"  # a stale, slow baseline is replaced, nobody blamed
     finally:
         guard.release()
+
+
+def _ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_the_sandboxs_cgroup_freezes_what_left_the_process_group(tmp_path: Path):
+    """A child in a session of its own is out of reach of a group stop, not of its cgroup's freeze."""
+    from kernelbench_eval.isolation import cgroups
+
+    try:
+        leaf = cgroups.Leaf()
+    except OSError as exc:
+        pytest.skip(f"no cgroup v2 leaf here: {exc}")
+    pid_file = tmp_path / "child"
+    code = ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
+            "import time\nwhile True:\n    time.sleep(0.01)\n")
+    cand = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n" + code],
+                            stdin=subprocess.PIPE, start_new_session=True)
+    ref = _start("import time\nwhile True:\n    time.sleep(0.01)\n")
+    try:
+        leaf.add(cand.pid)  # before it forks: its child is born in the leaf
+        cand.stdin.write(b"go\n")
+        cand.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        child = int(pid_file.read_text())
+        guard = Guard(SimpleNamespace(proc=cand, leaf=leaf), _worker(ref), snapshot(ref.pid))  # type: ignore[arg-type]
+        guard.hold()
+        assert guard.by_leaf and guard.reasons() == []
+        before = _ticks(child)
+        time.sleep(1.0)
+        assert _ticks(child) - before <= 1  # frozen: at most the tick it was caught in
+        guard.release()
+        deadline = time.monotonic() + 10
+        while _ticks(child) - before <= 2 and time.monotonic() < deadline:  # it spins again
+            time.sleep(0.05)
+        assert _ticks(child) - before > 2
+    finally:
+        leaf.kill()
+        os.killpg(ref.pid, signal.SIGKILL)
+        ref.wait()
+        cand.wait()

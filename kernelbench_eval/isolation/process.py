@@ -196,6 +196,11 @@ class WorkerProcess:
             return f"killed by signal {name}"
         return f"exited with code {code} without a verdict"
 
+    @property
+    def leaf(self) -> Leaf | None:
+        """Its cgroup leaf, where the sandbox made one (every process it started is in it)."""
+        return self._leaf
+
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """The worker's whole group stopped (SIGSTOP) while the harness checks what it handed over."""

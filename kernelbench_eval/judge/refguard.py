@@ -4,15 +4,17 @@ The candidate's process runs as the same user as the reference's worker (the che
 pin its threads, lower its priority, or crowd the cores while the reference is timed, and a slower reference is
 a faster speedup. Two layers, each standing on its own:
 
-- **Prevention** (`Guard`). The candidate's whole process group is stopped (SIGSTOP) for every block of the
-  reference and for every check, and runs only for its own blocks. The harness waits until every thread of
-  the group has stopped: a stop signal is taken by one thread first (the main one, woken from its read), and
-  on a busy host another thread ran on for a millisecond after `killpg` returned, long enough to stop the
-  reference. Before each reference block the reference is sent SIGCONT and its threads' CPU affinity, nice
-  value and scheduling policy are compared with those it was opened with: a stop, a pinning or a lower
-  priority that outlives the candidate's pause is found and undone. What is found is evidence by itself (no
-  honest candidate touches another process), so the verdict is `suspicious`, saying what; what cannot be
-  undone marks the reference broken, and the next candidate gets a fresh one.
+- **Prevention** (`Guard`). The candidate is frozen for every block of the reference and for every check,
+  and runs only for its own blocks: its whole cgroup where the sandbox gave it one (`cgroup.freeze`: every
+  process it started, those in sessions of their own included), else its process group (SIGSTOP). Either
+  way the harness waits until everything has stopped: a stop signal is taken by one thread first (the main
+  one, woken from its read), and on a busy host another thread ran on for a millisecond after `killpg`
+  returned, long enough to stop the reference. Before each reference block the reference is sent SIGCONT
+  and its threads' CPU affinity, nice value and scheduling policy are compared with those it was opened
+  with: a stop, a pinning or a lower priority that outlives the candidate's pause is found and undone. What
+  is found is evidence by itself (no honest candidate touches another process), so the verdict is
+  `suspicious`, saying what; what cannot be undone marks the reference broken, and the next candidate gets
+  a fresh one.
 - **Evidence** (`check_reference`). What stopping cannot stop (work queued on a GPU before the stop, a process
   that left the group, a trick not thought of) shows in time: the reference timed interleaved is compared
   with the reference timed alone (the eager baseline, measured when the problem was opened, before any
@@ -25,8 +27,8 @@ a faster speedup. Two layers, each standing on its own:
   in memory only: the stored baseline is only ever the one measured before any candidate ran, so nothing
   measured beside a candidate's live process becomes a baseline.
 
-Out of reach here: a process that escaped the group (setsid) is neither stopped nor, while it keeps at it,
-told apart from host load; containment (a sandbox's PID namespace or cgroup) is what stops those.
+Out of reach without the sandbox's cgroup: a process that left the group (setsid) is not stopped and, while
+it keeps at it, is not told apart from host load.
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ class Guard:
     def __init__(self, candidate: WorkerProcess, reference: WorkerProcess, opened: dict[int, Sched]) -> None:
         self.cand = _pid(candidate)
         self.ref = _pid(reference)
+        self.leaf = getattr(candidate, "leaf", None)  # its cgroup (the sandbox's): frozen whole where there is one
+        self.by_leaf = False  # the last hold froze the leaf (else it stopped the process group)
         self.opened = opened  # the reference's threads when its problem was opened (a new one inherits the main's)
         self.stop_wait = STOP_WAIT_S
         self.held = False
@@ -150,7 +154,8 @@ class Guard:
         """The candidate's group stopped, every thread of it, and the reference running as it was opened: done
         before the reference is asked anything while the candidate could have touched it (idempotent)."""
         if not self.held and self.cand:
-            if not stop_group(self.cand, self.stop_wait):
+            self.by_leaf = self.leaf is not None and self.leaf.freeze(True, self.stop_wait)
+            if not self.by_leaf and not stop_group(self.cand, self.stop_wait):
                 self.found.setdefault("unstoppable", "a thread of the candidate's process group did not stop "
                                       f"within {STOP_WAIT_S:g} s of SIGSTOP")
                 self.stop_wait = 0.05  # said once; not a second's wait before every block
@@ -159,7 +164,10 @@ class Guard:
 
     def release(self) -> None:
         if self.held and self.cand:
-            resume_group(self.cand)
+            if self.by_leaf:
+                self.leaf.freeze(False)
+            else:
+                resume_group(self.cand)
         self.held = False
 
     def before_reference(self) -> None:

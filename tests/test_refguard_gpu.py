@@ -1,0 +1,42 @@
+"""The reference on a GPU cannot be slowed by work a candidate queued before it was stopped (skipped without a GPU).
+
+One real run over `fixtures/attack_problems_gpu` and `fixtures/attacks_reference_gpu`: `spin_beside_reference`
+queues a 2 ms kernel on every SM right after its block is handed over; stopping its process does not stop the
+kernel, so the reference's calls share the GPU with it. Timed alone again with the candidate stopped, the
+reference is fast: `suspicious`, twice measured. The honest kernel beside it is judged correct, its reference
+never called disturbed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FIXTURES, kbeval, read_verdicts
+from timed import assert_timed_sanely
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def gpu_guarded_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("refguard-gpu")
+    kbeval("run", "--device", "cuda", "--problems", str(FIXTURES / "attack_problems_gpu"),
+           "--candidates", str(FIXTURES / "attacks_reference_gpu"), "--trials", "2", "--timeout", "120",
+           "--max-speedup", "0", "--no-compile-baseline", "--out", str(out), "--run-id", "g", cache=build_cache)
+    return read_verdicts(out / "g")
+
+
+def test_work_queued_before_the_stop_is_caught_by_the_reference_alone(gpu_guarded_run):
+    v = gpu_guarded_run["spin_beside_reference"]
+    assert v["status"] == "suspicious" and v["correct"], (v["status"], v["error"], v["timing"])
+    assert "alone with the candidate stopped" in v["error"], v["error"]
+    assert v["timing"]["attempts"] == 2 and v["timing"]["ref_alone_check"] == "disturbed", v["timing"]
+
+
+def test_an_honest_kernel_leaves_the_reference_alone(gpu_guarded_run):
+    v = gpu_guarded_run["honest_cuda"]
+    assert_timed_sanely(v, "honest_cuda")
+    assert v["timing"]["ref_alone_check"] in ("agrees", "refreshed"), v["timing"]
+    assert not any(s in (v["error"] or "") for s in ("found stopped", "rescheduled", "alone with the candidate"))
