@@ -167,6 +167,9 @@ def _watch_ptxas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     if real is None:
         pytest.skip("no ptxas in the triton package")
     calls = tmp_path / "ptxas-calls"
+    # the wrapper writes its list beside the test, where a confined build worker may not write: Landlock off for
+    # this instrumentation only (the other layers stay, and test_sandbox covers Triton builds confined)
+    monkeypatch.setenv("KBEVAL_SANDBOX_OFF", "landlock")
     (tmp_path / "ptxas").write_text(PTXAS.format(calls=calls, real=real))
     (tmp_path / "ptxas").chmod(0o755)
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))  # workers get TRITON_* from the harness
