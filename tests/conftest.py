@@ -15,6 +15,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.fixture
+def landlock_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests whose fixtures log what they did to a file beside the test (or plant files where Landlock would
+    stop them, to test the defence behind it): the harness leaves Landlock out, every other layer stays.
+    tests/test_sandbox.py covers Landlock itself."""
+    monkeypatch.setenv("KBEVAL_SANDBOX_OFF", "landlock")
+
+
 def kbeval(*args: str, cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the real command line, as a user would, in a child process."""
     env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200")

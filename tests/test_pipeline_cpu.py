@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled, settled_all
 
@@ -310,6 +311,7 @@ def _events(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.usefixtures("landlock_off")
 def test_a_jit_candidate_is_built_by_a_warmup_call_and_judged_from_its_build_cache(tmp_path):
     """The fake kernel compiles once, in the build worker (its time in the build record); the evaluation finds
     it in the build's cache; a rerun reuses the build; other input settings get a build of their own."""
@@ -346,6 +348,7 @@ def test_a_failing_warmup_build_is_a_verdict_not_a_traceback(tmp_path):
     assert not (tmp_path / "out" / "r" / "logs" / "tiny_linear_relu" / "fake_triton.eval.log").exists()
 
 
+@pytest.mark.usefixtures("landlock_off")
 def test_kernels_compiled_while_judged_stay_out_of_the_signed_build(tmp_path):
     """A JIT candidate that compiles more while judged writes into a private copy of its build's cache, so its
     build still verifies next time (a changed build would be thrown away and rebuilt)."""
@@ -360,6 +363,7 @@ def test_kernels_compiled_while_judged_stay_out_of_the_signed_build(tmp_path):
     assert not list(cache.glob("builds/*/triton/*/other.bin"))
 
 
+@pytest.mark.usefixtures("landlock_off")
 def test_a_kernel_planted_in_another_builds_cache_is_never_loaded(tmp_path):
     """`aa_poison_triton_cache` rewrites every build's cached fake kernel while judged (before the victim): the
     victim's build no longer verifies, is rebuilt, and is judged on its own kernel."""
@@ -375,6 +379,7 @@ def test_a_kernel_planted_in_another_builds_cache_is_never_loaded(tmp_path):
     assert _events(events) == ["compile jit", "compile jit", "eval hit"]  # built, rebuilt, judged on its own
 
 
+@pytest.mark.usefixtures("landlock_off")
 def test_a_build_made_without_its_warmup_is_warmed_where_it_is_judged(tmp_path):
     """The Ray path (a compile task holds no GPU): built without the warm-up, then `warm_build` on the judging
     node runs it once, adds its time to the signed record, and is a no-op after that."""

@@ -369,6 +369,7 @@ def _lose_mid(cluster: Cluster, gates: Path, stage: str, node: str, replacement:
     (gates / stage).unlink()
 
 
+@pytest.mark.usefixtures("landlock_off")  # nodes inherit it: the fake JIT logs beside the test
 def test_builds_travel_to_the_judge_node_and_a_lost_node_costs_only_its_work(cluster, tmp_path):
     """Phase 1: built on one node, judged on another. Phase 2: the builder dies mid-compile, then the judge
     mid-evaluation; replacements join; every candidate still gets exactly one verdict."""

@@ -403,7 +403,7 @@ def test_turning_layers_off_never_reaches_a_candidate(monkeypatch: pytest.Monkey
     spec = sandbox.spec([tmp_path / "w"], "cpu", "build")
     assert "landlock" not in spec.layers and (tmp_path / "w").is_dir()
     monkeypatch.setenv(sandbox.SPEC_VAR, spec.model_dump_json())
-    code = ("import os; from kernelbench_eval import sandbox; r = sandbox.enter_from_env(); "
+    code = ("import os; from kernelbench_eval.isolation import sandbox; r = sandbox.enter_from_env(); "
             f"print(r is not None, {sandbox.SPEC_VAR!r} in os.environ)")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=60).stdout
