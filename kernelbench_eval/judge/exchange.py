@@ -70,6 +70,7 @@ class Exchange:
         self.info = info
         self.buffer = buffer  # torch.uint8 tensor over the whole buffer
         self._closer = closer
+        self._views: dict[tuple[int, str | None, tuple[int, ...]], Any] = {}
 
     # -- creation and attachment ---------------------------------------------------------------------
 
@@ -91,10 +92,19 @@ class Exchange:
             self._closer()
             self._closer = None
         self.buffer = None
+        self._views.clear()
 
     # -- typed access --------------------------------------------------------------------------------
 
     def view(self, slot: Slot) -> Any:
+        """The typed tensor at `slot`, made once per slot: a timed call's hand-over reuses it (building views
+        cost a candidate's worker 0.04 ms per call more than the checker's own copy, on a 2-core CPU host)."""
+        key = (slot.offset, slot.dtype, tuple(slot.shape))
+        if key not in self._views:
+            self._views[key] = self._make_view(slot)
+        return self._views[key]
+
+    def _make_view(self, slot: Slot) -> Any:
         import torch
 
         dtype = getattr(torch, (slot.dtype or "torch.uint8").removeprefix("torch."))

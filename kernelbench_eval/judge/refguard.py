@@ -162,13 +162,16 @@ class Guard:
             self.held = True
             self._reference_as_opened()
 
-    def release(self) -> None:
-        if self.held and self.cand:
+    def release(self) -> bool:
+        """Let the candidate run again; True if it had been held (so it is waking up now)."""
+        woken = self.held and bool(self.cand)
+        if woken:
             if self.by_leaf:
                 self.leaf.freeze(False)
             else:
                 resume_group(self.cand)
         self.held = False
+        return woken
 
     def before_reference(self) -> None:
         """Right before a reference block: the candidate stopped, the reference running and scheduled as opened

@@ -94,9 +94,15 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         """The reference makes the same round trip, so the hand-over's cost cancels in the clock check."""
         ref_side.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))), run.deadline.left())
 
+    def resume() -> None:
+        """Before the candidate's block, outside its wall clock: let it run, and have its worker answer once, so
+        its first timed call does not pay for waking a stopped process (the reference's worker never stops)."""
+        if guard.release():
+            run.worker.call(WorkerRequest(op="export", calls=[]), run.deadline.left())
+
     guard = Guard(run.worker, ref_side.worker, ref_side.sched)
     ref = TimedModel(ref_side.worker, follow=mirror, before=guard.before_reference)
-    cand = TimedModel(run.worker, follow=hand_over, layout=layout, before=guard.release)
+    cand = TimedModel(run.worker, follow=hand_over, layout=layout, before=resume)
     checked = 0
 
     def check(block: int, schedule: list[Call]) -> None:

@@ -105,9 +105,11 @@ class ReferenceOps:
 
     def store_keeper(self, first: int, calls: int) -> timing.Keeper:
         """While timed: each call's outputs copied into storage made before the block, as the candidate copies
-        into the exchange. Keeping fresh outputs (or fresh clones) instead makes every call of a block
-        allocate new memory, which on a CPU means new pages: an A/A test then found the reference 1.5-1.9x
-        slower than its own copy. `first`: the block's call index of this request's first call."""
+        into the exchange, with the same host work after the call (describe, copy, wait): both keepers run
+        inside the wall clock the clock check compares, so work one side did alone would count against it.
+        Keeping fresh outputs (or fresh clones) instead makes every call of a block allocate new memory, which
+        on a CPU means new pages: an A/A test then found the reference 1.5-1.9x slower than its own copy.
+        `first`: the block's call index of this request's first call."""
         torch = _torch()
         template = self.expected[0] if getattr(self, "expected", None) else []
         while len(self.store) < first + calls:
@@ -115,6 +117,7 @@ class ReferenceOps:
 
         def keeper(call: int, out: Any) -> list[Any]:
             outs, slots = as_list(out), self.store[first + call]
+            [_meta(o) for o in outs]  # the candidate's keeper describes its outputs too: the same host work
             if len(slots) != len(outs):
                 slots[:] = [None] * len(outs)
             for k, o in enumerate(outs):
@@ -125,6 +128,7 @@ class ReferenceOps:
                         or slots[k].device != o.device:
                     slots[k] = torch.empty_like(o)
                 slots[k].copy_(o.detach())
+            _sync(self.device)  # as the candidate's keeper waits for its copies into the exchange
             return list(slots)
 
         return keeper
