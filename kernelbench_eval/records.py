@@ -412,6 +412,7 @@ class WorkerReply(BaseModel):
     samples_ms: list[float] = Field(default_factory=list)
     device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
     graph_error: str | None = None
+    replaced: list[str] = Field(default_factory=list)  # time: timing functions the process's code replaced
     launch_error: str | None = None
     mutated_inputs: bool = False
     device_name: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from kernelbench_eval.judge.stats import (
     speedup_ci,
     window_means,
 )
-from kernelbench_eval.judge.timing import Rotation, keep, time_block
+from kernelbench_eval.judge.timing import Rotation, keep, replaced, time_block
 from kernelbench_eval.records import Baseline, RunSettings, TimingStats, baseline_key
 
 
@@ -109,6 +110,23 @@ def test_plausibility_catches_a_slowed_clock():
     assert "clock mismatch" in short.reasons[0]  # 48 us unexplained on a 2 us claim: not noise
     noisy_honest = assess(timed([0.03] * 100, wall_per_call=0.08), timed([0.03] * 100, wall_per_call=0.15), "cpu", None)
     assert noisy_honest.reasons == []  # 70 us of host noise on a 30 us kernel is forgiven
+
+
+def test_a_replaced_timer_is_named_and_not_believed(monkeypatch: pytest.MonkeyPatch):
+    """What a candidate patches in its process is reported by the worker (`timing.replaced`), and a verdict that
+    carries it is not trusted, whatever the clocks then say."""
+    assert replaced() == []
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
+    assert replaced() == ["time.perf_counter", "torch.cuda.Event.elapsed_time"]
+    ref, cand = timed([2.0] * 100, wall_per_call=2.06), timed([1.0] * 100, wall_per_call=1.07)
+    cand.replaced = set(replaced())
+    verdict = assess(ref, cand, "cuda", None)
+    assert not verdict.speedup_trusted
+    assert verdict.reasons == ["it replaced time.perf_counter, torch.cuda.Event.elapsed_time in its process (timed "
+                               "with the harness's own copies, bound before it loaded)"]
+    monkeypatch.undo()
+    assert replaced() == []
 
 
 def test_plausibility_times_side_stream_work_device_wide():

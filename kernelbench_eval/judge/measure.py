@@ -52,6 +52,7 @@ class TimedModel:
     wall_ms: float = 0.0
     block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
+    replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`timing.replaced`)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
 
     def cores_used(self) -> float:
@@ -83,6 +84,7 @@ class TimedModel:
             self.block_gaps.append((wall_ms - sum(device)) / len(device))
         for reply in replies:
             self.graph_error = self.graph_error or reply.graph_error
+            self.replaced.update(reply.replaced)
 
     def paired_gaps(self, other: TimedModel) -> Samples:
         """Per block, this model's unexplained wall time per call minus `other`'s in the same block: the two

@@ -40,6 +40,10 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
     if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
         result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
                               f"the run fixes {threads} thread(s) (--threads); the reference was held to that")
+    if cand.replaced:
+        result.reasons.append(f"it replaced {', '.join(sorted(cand.replaced))} in its process (timed with the "
+                              "harness's own copies, bound before it loaded)")
+        result.speedup_trusted = False
     explained = cand.device_ms.mean()
     excess = cand.unexplained() - ref.unexplained()
     if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):

@@ -104,7 +104,7 @@ class Worker(ReferenceOps, CandidateOps):
                                       self.replay if req.model == "main" else None, keeper)
         self.kept += block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
-                           graph_error=self.graph_error)
+                           graph_error=self.graph_error, replaced=timing.replaced())
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
