@@ -1,10 +1,12 @@
 """The reference on a GPU cannot be slowed by work a candidate queued before it was stopped (skipped without a GPU).
 
 One real run over `fixtures/attack_problems_gpu` and `fixtures/attacks_reference_gpu`: `spin_beside_reference`
-queues a 2 ms kernel on every SM right after its block is handed over; stopping its process does not stop the
-kernel, so the reference's calls share the GPU with it. Timed alone again with the candidate stopped, the
-reference is fast: `suspicious`, twice measured. The honest kernel beside it is judged correct, its reference
-never called disturbed.
+queues a 10 ms kernel on every SM right after the hand-over of each block that the reference's block follows;
+stopping its process does not stop the kernel, so the reference's calls share the GPU with it. Either the
+reference timed alone again (the candidate stopped) shows the difference (`suspicious`), or the spin bought no
+speedup. On the H100 (2026-11-24) it is the latter, 1.005x [0.999, 1.012]: each timed call synchronises and
+flushes the L2 before its start event, so the reference's events only start once the GPU has switched to its
+context. The honest kernel beside it is judged correct, its reference never called disturbed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 from timed import assert_timed_sanely
+
+from kernelbench_eval.judge.refguard import SLACK
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,11 +32,15 @@ def gpu_guarded_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path)
     return read_verdicts(out / "g")
 
 
-def test_work_queued_before_the_stop_is_caught_by_the_reference_alone(gpu_guarded_run):
+def test_work_queued_before_the_stop_is_caught_or_buys_nothing(gpu_guarded_run):
     v = gpu_guarded_run["spin_beside_reference"]
-    assert v["status"] == "suspicious" and v["correct"], (v["status"], v["error"], v["timing"])
-    assert "alone with the candidate stopped" in v["error"], v["error"]
-    assert v["timing"]["attempts"] == 2 and v["timing"]["ref_alone_check"] == "disturbed", v["timing"]
+    assert v["correct"], v["error"]
+    if v["status"] == "suspicious":
+        assert "alone with the candidate stopped" in v["error"], v["error"]
+        assert v["timing"]["attempts"] == 2 and v["timing"]["ref_alone_check"] == "disturbed", v["timing"]
+    else:  # not caught: then its speedup over the same torch.relu is what the alone check forgives, at most
+        assert v["status"] == "ok", (v["status"], v["error"])
+        assert v["timing"]["speedup_ci"][1] < SLACK["cuda"], v["timing"]
 
 
 def test_an_honest_kernel_leaves_the_reference_alone(gpu_guarded_run):
