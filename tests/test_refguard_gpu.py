@@ -35,12 +35,12 @@ def gpu_guarded_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path)
 def test_work_queued_before_the_stop_is_caught_or_buys_nothing(gpu_guarded_run):
     v = gpu_guarded_run["spin_beside_reference"]
     assert v["correct"], v["error"]
-    if v["status"] == "suspicious":
-        assert "alone with the candidate stopped" in v["error"], v["error"]
+    if "alone with the candidate stopped" in (v["error"] or ""):  # caught by the reference timed alone
+        assert v["status"] == "suspicious", v["status"]
         assert v["timing"]["attempts"] == 2 and v["timing"]["ref_alone_check"] == "disturbed", v["timing"]
-    else:  # not caught: then its speedup over the same torch.relu is what the alone check forgives, at most
-        assert v["status"] == "ok", (v["status"], v["error"])
-        assert v["timing"]["speedup_ci"][1] < SLACK["cuda"], v["timing"]
+    else:  # not caught: whatever else timing said, no speedup beyond what the alone check forgives was reported
+        ci = v["timing"]["speedup_ci"]
+        assert ci is None or ci[1] < SLACK["cuda"], v["timing"]
 
 
 def test_an_honest_kernel_leaves_the_reference_alone(gpu_guarded_run):

@@ -90,12 +90,13 @@ class Leaf:
     def freeze(self, frozen: bool = True, wait_s: float = 1.0) -> bool:
         """Freeze (or thaw) every process in the leaf, those in sessions of their own included (`judge.refguard`
         holds a candidate so while the reference is timed); True once the kernel reports it so."""
+        want = "1" if frozen else "0"
         try:
-            (self.path / "cgroup.freeze").write_text("1" if frozen else "0")
+            (self.path / "cgroup.freeze").write_text(want)
         except OSError:
             return False
         deadline = time.monotonic() + wait_s
-        while _events(self.path).get("frozen", "1" if frozen else "0") != ("1" if frozen else "0"):
+        while _events(self.path).get("frozen", want) != want:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.0001)
