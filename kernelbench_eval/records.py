@@ -116,6 +116,18 @@ class Timing(BaseModel):
     ref_alone_check: str | None = None
 
 
+class Conditions(BaseModel):
+    """What a baseline was measured beside: its own spread and the machine's other work (`judge.conditions`
+    decides from these whether it may be reused)."""
+
+    eager_rse: float | None = None  # relative standard error of eager's time per call (None: too few calls)
+    compiled_rse: float | None = None  # the same for torch.compile's (None: not measured)
+    others_cores: float | None = None  # cores other work kept busy meanwhile (None: /proc/stat unreadable)
+    cores: int = 1  # the machine's CPUs, as /proc/stat counts them
+    threads: int = 1  # threads the timed model used
+    seconds: float = 0.0  # how long the eager measurement took
+
+
 class Baseline(BaseModel):
     """One problem's eager and torch.compile times on one machine: an entry of `results/baselines.json`."""
 
@@ -131,6 +143,7 @@ class Baseline(BaseModel):
     compiled_samples: list[float] = Field(default_factory=list)
     compile_error: str | None = None
     measured_at: str = ""
+    conditions: Conditions | None = None  # None: stored before conditions were recorded (measured again)
 
     def key(self) -> str:
         return baseline_key(self.source_sha256, self.device_name, self.torch_version, self.timing_key)
@@ -250,6 +263,8 @@ class Findings(BaseModel):
     speedup_vs_compile: float | None = None
     speedup_vs_compile_ci: tuple[float, float] | None = None
     compile_runtime_ms: float | None = None
+    baseline_conditions: Conditions | None = None  # what the baselines used here were measured beside
+    baseline_remeasured: str | None = None  # why the stored baselines were not reused (this run measured them)
     runtime_stats: TimingStats | None = None
     ref_runtime_stats: TimingStats | None = None
     timing: Timing | None = None

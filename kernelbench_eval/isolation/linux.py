@@ -55,6 +55,17 @@ def cpu_time_ms(pid: int) -> float:
         return 0.0
 
 
+def system_busy_ms() -> float | None:
+    """CPU time every CPU of the machine spent on any work (not idle, not waiting on I/O) since boot, from
+    `/proc/stat`'s first line; None when unreadable. Guest time is already inside user time."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def environment_block() -> tuple[int, int]:
     """Start and end address of this process's environment as exec'd (what `/proc/<pid>/environ` shows)."""
     fields = stat_fields()

@@ -29,8 +29,11 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
             if run.findings.correct and ref.settings.account_launches:
                 count_launches(run)
         run.findings.problem_warning = ref.warning
-        if ref.baseline and ref.baseline.compiled:
-            run.findings.compile_runtime_ms = per_call_ms(ref.baseline.compiled_samples)
+        if ref.baseline:
+            run.findings.baseline_conditions = ref.baseline.conditions
+            run.findings.baseline_remeasured = ref.baseline_remeasured
+            if ref.baseline.compiled:
+                run.findings.compile_runtime_ms = per_call_ms(ref.baseline.compiled_samples)
         if run.findings.timing is not None:
             run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
         return run.findings

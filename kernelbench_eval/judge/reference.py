@@ -7,6 +7,7 @@ harness holds only seeds, metadata and verdicts, and lends each candidate the ch
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import tempfile
@@ -19,13 +20,16 @@ import torch
 
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge import conditions
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
+from kernelbench_eval.judge.stats import finite, rse_per_call
 from kernelbench_eval.records import (
     Baseline,
     CheckResult,
+    Conditions,
     ExchangeInfo,
     RunSettings,
     Slot,
@@ -71,6 +75,7 @@ class ReferenceSide:
         self.metas: list[list[TensorMeta]] = []  # per trial, the expected outputs' structure
         self.baseline: Baseline | None = None
         self.baseline_key: str | None = None
+        self.baseline_remeasured: str | None = None  # why the stored baseline was not reused, when it was not
         self.alone: list[float] = []  # the reference's calls timed alone, what its interleaved time is checked against
         self.sched: dict[int, Sched] = {}  # how its worker's threads were scheduled once opened (`refguard`)
         self.device_name: str | None = None
@@ -205,23 +210,42 @@ class ReferenceSide:
     # -- baselines -----------------------------------------------------------------------------------
 
     def _baseline(self) -> Baseline | None:
-        """From `baselines.json` when this machine measured it before, else measured (and stored) now."""
+        """From `baselines.json` when this machine measured it before in good conditions, else measured now
+        (and stored, unless the stored one was measured in better conditions still: that one is used)."""
         if not self.settings.compile_baseline:
             return None
         key = self.baseline_key = baseline_key(self.problem.source_sha256, self.device_name or "",
                                                torch.__version__, self.settings.timing_key())
         with self.store.claim(key):  # another lane (or run) measuring it now: wait, then reuse its numbers
-            return self.store.get(key) or self._measure_baseline()
+            stored = self.store.get(key)
+            doubts = conditions.doubts(stored.conditions, self.settings) if stored else []
+            if stored and not doubts:
+                return stored
+            fresh = self._measure_baseline()
+            if stored is None:
+                self.store.put(fresh)
+                return fresh
+            self.baseline_remeasured = "the stored baseline was measured again: " + "; ".join(doubts)
+            kept = conditions.better(stored, fresh, self.settings)
+            if kept is fresh:
+                self.store.put(fresh)
+            else:
+                self.baseline_remeasured += " (and kept: this run's measurement was no better)"
+            return kept
 
     def _measure_baseline(self) -> Baseline:
         assert self.worker is not None
+        load = conditions.HostLoad(self.worker.proc.pid if self.worker.proc else None)
         eager = self._measure_alone(self.worker, Deadline(self.timeout))
+        found = Conditions(eager_rse=finite(rse_per_call(eager)), others_cores=load.others_cores(),
+                           cores=os.cpu_count() or 1, threads=self.settings.threads or 1, seconds=load.seconds())
         baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
                             device_name=self.device_name or "", torch_version=torch.__version__,
                             timing_key=self.settings.timing_key(), eager=TimingStats.from_samples(eager),
-                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=_now())
+                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=_now(), conditions=found)
         self._measure_compiled(baseline)
-        self.store.put(baseline)
+        if baseline.compiled_samples:
+            found.compiled_rse = finite(rse_per_call(baseline.compiled_samples))
         return baseline
 
     def time_alone(self, budget: float | None = None) -> list[float]:

@@ -202,6 +202,11 @@ def chained_speedup_ci(base_other: Sequence[float], base_eager: Sequence[float],
     return _interval(other / base * ref / cand, 0.95)
 
 
+def finite(value: float) -> float | None:
+    """A number that survives the JSON round trip of a record (inf would come back as null): else None."""
+    return value if math.isfinite(value) else None
+
+
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:
     """Share of candidates correct and faster than the baseline by more than p, judged on the interval's low end.
 

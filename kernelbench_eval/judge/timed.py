@@ -11,7 +11,6 @@ with itself timed alone (`refguard`), so slowing the reference down is not a way
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, check_reference
-from kernelbench_eval.judge.stats import Samples, chained_speedup_ci, per_call_ms, rse_per_call, speedup_ci
+from kernelbench_eval.judge.stats import Samples, chained_speedup_ci, finite, per_call_ms, rse_per_call, speedup_ci
 from kernelbench_eval.records import TensorMeta, Timing, TimingStats, WorkerRequest
 
 
@@ -151,8 +150,8 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
         speedup_ci=interval,
-        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=_finite(rse_per_call(cand.event_ms)),
-        ref_rse=_finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
+        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=finite(rse_per_call(cand.event_ms)),
+        ref_rse=finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
         device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
         event_overhead_ms=run.ref.event_overhead_ms,
@@ -178,8 +177,3 @@ def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
     """Samples moved so their time per call is the runtime we stand behind (device-wide when work escaped)."""
     shift = runtime_ms - Samples(samples).per_call()
     return [s + shift for s in samples] if shift else samples
-
-
-def _finite(value: float) -> float | None:
-    """A number that survives the JSON round trip of a verdict (inf would come back as null)."""
-    return value if math.isfinite(value) else None
