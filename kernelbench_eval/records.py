@@ -88,7 +88,10 @@ class Timing(BaseModel):
     candidate: TimingStats
     reference: TimingStats
     speedup: float | None = None
-    speedup_ci: tuple[float, float] | None = None
+    speedup_ci: tuple[float, float] | None = None  # within the session, widened by the between-session term
+    speedup_ci_within: tuple[float, float] | None = None  # from this session's calls alone (the bootstrap)
+    between_sd: float | None = None  # sd of the reference's log time per call over this problem's sessions so far
+    between_df: int | None = None  # its degrees of freedom (sessions - 1)
     blocks: int
     checked_calls: int
     attempts: int = 1  # 2 when a first measurement's clocks disagreed and it was measured again
@@ -99,6 +102,8 @@ class Timing(BaseModel):
     unexplained_ms: float  # wall time per call the candidate's timer did not account for, beyond the reference's
     device_tail_ms: float | None = None  # device-wide time after the call's own end event (other streams)
     ref_device_tail_ms: float | None = None
+    gate_ms: float | None = None  # CUDA: median time of the flush before each call (its launch cover)
+    ref_gate_ms: float | None = None
     event_overhead_ms: float | None = None
     sm_clock_mhz: tuple[int | None, int | None] | None = None  # before and after
     cuda_graph: bool = False
@@ -426,6 +431,7 @@ class WorkerReply(BaseModel):
     warning: str | None = None
     samples_ms: list[float] = Field(default_factory=list)
     device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
+    gate_ms: list[float] = Field(default_factory=list)  # CUDA: each call's flush (its launch cover), timed
     graph_error: str | None = None
     replaced: list[str] = Field(default_factory=list)  # time: timing functions the process's code replaced
     launch_error: str | None = None

@@ -87,7 +87,8 @@ def test_output_layout_places_calls_one_after_another():
     assert offsets == [0, ALIGN, 2 * ALIGN, 3 * ALIGN] and layout[1][0].shape == [3, 5]
 
 
-def _judge(tmp_path: Path, source: str, name: str) -> tuple:
+def _judge(tmp_path: Path, source: str, name: str, times: int = 1) -> tuple:
+    """`times` > 1: the same build judged that many times against one reference (the last findings returned)."""
     problem_path = tmp_path / "masked.py"
     problem_path.write_text(PROBLEM)
     candidate = tmp_path / f"{name}.py"
@@ -101,6 +102,8 @@ def _judge(tmp_path: Path, source: str, name: str) -> tuple:
     assert build.record.ok, build.record.error
     try:
         assert ref.error is None, ref.error
+        for _ in range(times - 1):
+            judge(ref, build, candidate, tmp_path / f"{name}.log", 60)
         return ref, judge(ref, build, candidate, tmp_path / f"{name}.log", 60)
     finally:
         ref.close()
@@ -115,6 +118,19 @@ def test_honest_candidate_is_checked_and_timed_with_inf_outputs(tmp_path: Path):
     assert timing is not None and timing.exchange == "shm" and timing.checked_calls >= 20
     assert {"spawn", "load", "trials", "timing", "checks"} <= set(timing.phases)
     assert not ref.workdir.exists()  # closed with the reference
+
+
+def test_a_second_session_widens_the_interval_by_what_moved_between_sessions(tmp_path: Path):
+    """The reference's time per call in each candidate's session is kept; from the second session on, the
+    speedup's interval is the session's bootstrap widened by how much that time moved between sessions."""
+    ref, findings = _judge(tmp_path, HONEST, "honest", times=2)
+    timing = findings.timing
+    assert timing is not None and len(ref.session_ms) == 2 and all(ms > 0 for ms in ref.session_ms)
+    if findings.speedup_vs_eager is None:  # a timer not believed on a busy host: no interval to widen
+        return
+    assert timing.between_df == 1 and timing.between_sd is not None and timing.between_sd >= 0
+    (low, high), (within_low, within_high) = findings.speedup_vs_eager_ci, timing.speedup_ci_within
+    assert low <= within_low <= findings.speedup_vs_eager <= within_high <= high
 
 
 def test_wrong_sign_of_inf_is_incorrect(tmp_path: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -15,6 +16,7 @@ from kernelbench_eval.judge.measure import TimedModel, block_calls
 from kernelbench_eval.judge.plausibility import assess, speedup_reason
 from kernelbench_eval.judge.stats import (
     Samples,
+    between_sessions,
     chained_speedup_ci,
     fast_p,
     per_call_ms,
@@ -22,6 +24,8 @@ from kernelbench_eval.judge.stats import (
     rse_of_median,
     rse_per_call,
     speedup_ci,
+    t975,
+    widened,
     window_means,
 )
 from kernelbench_eval.judge.timing import Rotation, keep, replaced, time_block
@@ -137,6 +141,20 @@ def test_plausibility_times_side_stream_work_device_wide():
     assert verdict.runtime_ms == pytest.approx(0.8)
 
 
+def test_plausibility_catches_work_run_beside_the_flush():
+    """Work slipped onto another stream runs while the flush still holds the start event back (the flush covers
+    the launch): its events see nothing, but the flush before its calls takes longer than before the reference's."""
+    ref, cand = timed([1.0] * 50, wall_per_call=1.2), timed([0.5] * 50, wall_per_call=0.7)
+    ref.gate_ms, cand.gate_ms = Samples([0.140] * 50), Samples([0.141] * 49 + [0.3])  # one slow flush: noise
+    assert assess(ref, cand, "cuda", None).reasons == []
+    cand.gate_ms = Samples([0.175] * 50)  # 35 us more per call
+    verdict = assess(ref, cand, "cuda", None)
+    assert not verdict.speedup_trusted
+    assert verdict.reasons == ["the cache flush before each of its calls took 35 us longer than before the "
+                               "reference's: work ran beside it before its timer started (on another CUDA stream?)"]
+    assert assess(ref, cand, "cpu", None).reasons == []  # no flush on the CPU
+
+
 def test_plausibility_physical_floor_and_speedup_limit():
     ref, cand = timed([1.0] * 50, wall_per_call=1.05), timed([0.01] * 50, wall_per_call=0.06)
     assert any("physical floor" in r for r in assess(ref, cand, "cuda", floor_ms=0.02).reasons)
@@ -197,3 +215,28 @@ def test_baseline_store_keys_on_source_device_torch_and_timing(tmp_path):
     assert store.get(baseline_key("abc", "cpu (2 threads)", "2.13.0", other)) is None
     (tmp_path / "baselines.json").write_text("{torn")
     assert store.get(key) is None  # a damaged cache means measuring again, not a crash
+
+
+def test_between_sessions_is_the_spread_of_log_times_over_sessions():
+    assert between_sessions([1.0]) is None  # one session says nothing about the next
+    sd, df = between_sessions([1.0, 1.01, 0.99])
+    assert df == 2 and sd == pytest.approx(statistics.stdev([math.log(x) for x in (1.0, 1.01, 0.99)]))
+
+
+def test_t975_follows_students_t_down_to_the_normal():
+    assert t975(1) == pytest.approx(12.706) and t975(2) == pytest.approx(4.303) and t975(11) == pytest.approx(2.228)
+    assert t975(500) == 1.96 and all(t975(d) >= t975(d + 1) for d in range(1, 130))
+
+
+def test_widened_adds_the_between_session_term_in_quadrature_on_the_log_scale():
+    """Two identical sources timed in two sessions land 0.03 % apart, while each session's bootstrap interval is
+    0.01 % wide: the between-session term (from the reference's times over the problem's sessions) makes each
+    interval cover the other's speedup; no term, no change."""
+    within = (1.2451, 1.2453)
+    assert widened(within, 1.2452, None) == within
+    low, high = widened(within, 1.2452, between_sessions([6.4914, 6.4896, 6.4888]))
+    extra = t975(2) * math.sqrt(2) * between_sessions([6.4914, 6.4896, 6.4888])[0]
+    assert high == pytest.approx(1.2452 * math.exp(math.hypot(math.log(1.2453 / 1.2452), extra)))
+    assert low < 1.2448 and high > 1.2456  # the other copy's 1.2448 (0.03 % lower) is inside
+    wide = (1.0, 1.5)  # a term much smaller than the session's own interval barely moves it
+    assert widened(wide, 1.2, (1e-4, 10)) == pytest.approx(wide, rel=1e-4)

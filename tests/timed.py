@@ -28,3 +28,8 @@ def assert_timed_sanely(v: dict, name: str = "") -> None:
         assert v["error"] is None and v["speedup"] > 0, name
         low, high = v["speedup_vs_eager_ci"]
         assert low <= v["speedup"] <= high, name
+        within = (v["timing"] or {}).get("speedup_ci_within")
+        if within:  # the reported interval holds the session's own, widened by what moved between sessions
+            assert low <= within[0] <= v["speedup"] <= within[1] <= high, name
+    if v["device"] == "cuda":  # every timed call's flush (its launch cover) is timed, on both sides
+        assert v["timing"]["gate_ms"] > 0 and v["timing"]["ref_gate_ms"] > 0, name

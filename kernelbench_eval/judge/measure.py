@@ -49,6 +49,7 @@ class TimedModel:
     layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
     event_ms: Samples = field(default_factory=Samples)
     device_ms: Samples = field(default_factory=Samples)
+    gate_ms: Samples = field(default_factory=Samples)  # CUDA: each call's flush before its start event
     wall_ms: float = 0.0
     block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
@@ -59,8 +60,8 @@ class TimedModel:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
 
     def __post_init__(self) -> None:
-        self.event_ms, self.device_ms, self.block_gaps = (Samples(x) for x in (self.event_ms, self.device_ms,
-                                                                              self.block_gaps))
+        self.event_ms, self.device_ms, self.gate_ms, self.block_gaps = (
+            Samples(x) for x in (self.event_ms, self.device_ms, self.gate_ms, self.block_gaps))
 
     def per_call(self) -> float:
         """What one call costs (`stats.per_call_ms`): every call of a window paid for, a slow window outvoted."""
@@ -80,6 +81,7 @@ class TimedModel:
         device = [d for reply in replies for d in reply.device_ms]
         self.event_ms += [s for reply in replies for s in reply.samples_ms]
         self.device_ms += device
+        self.gate_ms += [g for reply in replies for g in reply.gate_ms]
         if device:
             self.block_gaps.append((wall_ms - sum(device)) / len(device))
         for reply in replies:

@@ -21,6 +21,8 @@ CORES_SLACK = 0.5  # cores a candidate may keep busy beyond what the reference d
 GAP_Z = 3.0  # the paired gap must be this many standard errors above 0 to be more than host noise
 TAIL_SLACK_MS = 0.02
 TAIL_SLACK_SHARE = 0.1
+GATE_SLACK_MS = 0.005  # a flush before the candidate's calls may take this much longer than the reference's...
+GATE_SLACK_SHARE = 0.05  # ...or this share of it, whichever is larger
 
 
 @dataclass
@@ -59,11 +61,33 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")
+        slowed = flush_slowed(cand, ref)
+        if slowed is not None:
+            result.reasons.append(
+                f"the cache flush before each of its calls took {slowed * 1e3:.3g} us longer than before the "
+                "reference's: work ran beside it before its timer started (on another CUDA stream?)")
+            result.speedup_trusted = False
     if floor_ms and result.runtime_ms < floor_ms:
         result.reasons.append(
             f"{result.runtime_ms:.3g} ms is below the physical floor of {floor_ms:.3g} ms (its inputs' bytes "
             "read once at the GPU's peak memory bandwidth)")
     return result
+
+
+def flush_slowed(cand: TimedModel, ref: TimedModel) -> float | None:
+    """How much longer (ms per call) the flush before each candidate call took than the same flush before the
+    reference's, when more than noise; None otherwise.
+
+    The flush is the harness's own work on an idle device (both workers synchronise the whole device first),
+    so it takes as long in either process. A candidate that launches its work on another stream runs it while
+    the flush still holds its timer back (the flush covers the launch: `timing`), and slows it; compute that
+    leaves the memory bus alone slows it little, which is why this is one check among several.
+    """
+    if not cand.gate_ms or not ref.gate_ms:
+        return None
+    ref_gate = ref.gate_ms.median()
+    slowed = cand.gate_ms.median() - ref_gate
+    return slowed if slowed > max(GATE_SLACK_MS, GATE_SLACK_SHARE * ref_gate) else None
 
 
 def clock_slack(reported_ms: float) -> float:

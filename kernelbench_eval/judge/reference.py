@@ -25,7 +25,7 @@ from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
-from kernelbench_eval.judge.stats import finite, rse_per_call
+from kernelbench_eval.judge.stats import finite, per_call_ms, rse_per_call
 from kernelbench_eval.records import (
     Baseline,
     CheckResult,
@@ -77,6 +77,9 @@ class ReferenceSide:
         self.baseline_key: str | None = None
         self.baseline_remeasured: str | None = None  # why the stored baseline was not reused, when it was not
         self.alone: list[float] = []  # the reference's calls timed alone, what its interleaved time is checked against
+        # the reference's time per call in each timing session so far (`stats.between_sessions`): on a GPU its
+        # time alone is one (the flush makes alone and interleaved the same measurement), then one per candidate
+        self.session_ms: list[float] = []
         self.sched: dict[int, Sched] = {}  # how its worker's threads were scheduled once opened (`refguard`)
         self.device_name: str | None = None
         self.input_bytes = 0
@@ -115,6 +118,8 @@ class ReferenceSide:
             self.metas, self.warning = expected.expected, expected.warning
             self.baseline = self._baseline()
             self.alone = self.baseline.eager_samples if self.baseline else self.time_alone()
+            if self.settings.device == "cuda" and self.alone:
+                self.session_ms = [per_call_ms(self.alone)]
             self.sched = snapshot(self.worker.proc.pid) if self.worker.proc else {}
             init = self.workdir / "init.pt"  # read once, then gone: nothing in this folder for a candidate to alter
             self.init_bytes = init.read_bytes()

@@ -207,6 +207,37 @@ def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond the table: the normal's 1.96).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def t975(df: int) -> float:
+    """The 97.5 % quantile of Student's t with `df` degrees of freedom (a table's value at or below `df`)."""
+    return next((_T975[k] for k in sorted(_T975, reverse=True) if df >= k), math.inf) if df < 120 else 1.96
+
+
+def between_sessions(per_call: Sequence[float]) -> tuple[float, int] | None:
+    """The standard deviation of log time per call over sessions of one process's model, with its degrees of
+    freedom; None below two sessions. What one process's bootstrap cannot see: how much a time moves from one
+    timing session (and process, and allocation) to the next."""
+    logs = [math.log(x) for x in per_call if x > 0]
+    if len(logs) < 2:
+        return None
+    return statistics.stdev(logs), len(logs) - 1
+
+
+def widened(interval: tuple[float, float], point: float, between: tuple[float, int] | None) -> tuple[float, float]:
+    """`interval` around `point`, each side widened (in quadrature, on the log scale) by the between-session
+    term of a ratio of two such times: sqrt(2) times `between`'s deviation, at Student's t for its freedom."""
+    if between is None or point <= 0 or interval[0] <= 0:
+        return interval
+    sigma, df = between
+    extra = t975(df) * math.sqrt(2) * sigma
+    low, high = math.log(point / interval[0]), math.log(interval[1] / point)
+    return point * math.exp(-math.hypot(max(low, 0.0), extra)), point * math.exp(math.hypot(max(high, 0.0), extra))
+
+
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:
     """Share of candidates correct and faster than the baseline by more than p, judged on the interval's low end.
 

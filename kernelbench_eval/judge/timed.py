@@ -19,7 +19,16 @@ from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, check_reference
-from kernelbench_eval.judge.stats import Samples, chained_speedup_ci, finite, per_call_ms, rse_per_call, speedup_ci
+from kernelbench_eval.judge.stats import (
+    Samples,
+    between_sessions,
+    chained_speedup_ci,
+    finite,
+    per_call_ms,
+    rse_per_call,
+    speedup_ci,
+    widened,
+)
 from kernelbench_eval.records import TensorMeta, Timing, TimingStats, WorkerRequest
 
 
@@ -138,9 +147,12 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
     ref_ms, agreement = ref.per_call(), timed.agreement
+    run.ref.session_ms.append(ref_ms)
+    between = between_sessions(run.ref.session_ms)
     speedup = ref_ms / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
-    interval = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
-    reason = speedup_reason(speedup, settings.max_speedup, interval)
+    within = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
+    interval = widened(within, speedup, between) if speedup and within else None
+    reason = speedup_reason(speedup, settings.max_speedup, within)  # a claim implausible even within its session
     reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
     if agreement is not None and agreement.outcome == "disturbed":
         reasons.append(agreement.reason(ref_ms))
@@ -149,11 +161,14 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
-        speedup_ci=interval,
+        speedup_ci=interval, speedup_ci_within=within, between_sd=between[0] if between else None,
+        between_df=between[1] if between else None,
         blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=finite(rse_per_call(cand.event_ms)),
         ref_rse=finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
         device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
+        gate_ms=cand.gate_ms.median() if cand.gate_ms else None,
+        ref_gate_ms=ref.gate_ms.median() if ref.gate_ms else None,
         event_overhead_ms=run.ref.event_overhead_ms,
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
@@ -167,8 +182,9 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     base = run.ref.baseline
     if speedup and base and base.compiled:
         findings.speedup_vs_compile = per_call_ms(base.compiled_samples) / per_call_ms(base.eager_samples) * speedup
-        findings.speedup_vs_compile_ci = chained_speedup_ci(
-            base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms))
+        findings.speedup_vs_compile_ci = widened(chained_speedup_ci(
+            base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)),
+            findings.speedup_vs_compile, between)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
 

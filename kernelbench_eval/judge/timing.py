@@ -13,6 +13,12 @@ reference's output for the same call. Then the
 L2 is flushed (persisting lines reset too), the whole device synchronised, and the call timed twice
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
+
+The flush is also the call's cover: it is sized to keep the GPU busy for FLUSH_COVER_S (or twice the L2,
+if more), so the host has launched the call's kernels before the start event fires, and the events time
+the GPU's work, not how fast this process's core woke up. Without it a 19 us SiLU measured 36-67 us in the
+workers, differently in each process (docs/benchmarks.md, "Identical copies"). The flush's own time (`gate_ms`)
+is reported: work a candidate slipped onto another stream during it runs beside the flush and slows it.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ _WATCHED = {"time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns":
             "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
             "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize")}
 _ORIGINALS = {label: getattr(owner, name) for label, (owner, name) in _WATCHED.items()}
-_L2_FLUSH_FACTOR = 2  # write twice the L2 so nothing of the previous call stays cached
+_L2_FLUSH_FACTOR = 2  # write at least twice the L2 so nothing of the previous call stays cached
+FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches the call meanwhile
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Block:
 
     event_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)
+    gate_ms: list[float] = field(default_factory=list)  # CUDA: each call's flush, from before it to the start event
     kept: list[list[torch.Tensor | None]] = field(default_factory=list)
 
 
@@ -133,9 +141,11 @@ def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[
         _device_sync()  # the whole device, so no work of the previous call leaks in
         inputs = rotation.fill(k, scale, seed)
         reset_persisting_l2()
+        before, start, end, after = (_EventBase(enable_timing=True) for _ in range(4))
+        stream = _current_stream()
+        _EventBase.record(before, stream)
         flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
-        start, end, after = (_EventBase(enable_timing=True) for _ in range(3))
-        _EventBase.record(start, _current_stream())
+        _EventBase.record(start, stream)
         out = call() if call else model(*inputs)
         _EventBase.record(end, _current_stream())
         _device_sync()  # waits for work on every stream, not only the current one
@@ -144,6 +154,7 @@ def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[
         _EventBase.synchronize(after)  # a keeper need not synchronise (the checker's copies do not)
         block.event_ms.append(_EventBase.elapsed_time(start, end))
         block.device_ms.append(_EventBase.elapsed_time(start, after))
+        block.gate_ms.append(_EventBase.elapsed_time(before, start))
     _device_sync()
     return block
 
@@ -199,10 +210,23 @@ def event_overhead_ms(reps: int = 50) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+_FLUSH: list[torch.Tensor] = []
+
+
 def l2_flush_buffer() -> torch.Tensor:
-    """A byte buffer of twice the device's L2, written before each timed call to evict the last one's data."""
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-    return torch.empty(max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR, dtype=torch.uint8, device="cuda")
+    """The byte buffer written before each timed call: evicts the last call's data from the L2 (twice its size)
+    and covers the call's launch (FLUSH_COVER_S at peak bandwidth, whichever is more). Made once per process."""
+    if not _FLUSH:
+        l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+        cover = int((memory_bandwidth_gbs() or 0) * 1e9 * FLUSH_COVER_S)
+        _FLUSH.append(torch.empty(max(max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR, cover), dtype=torch.uint8,
+                                  device="cuda"))
+    return _FLUSH[0]
+
+
+def release_flush() -> None:
+    """Drop the flush buffer (a parked checker keeps only its input sets and expected outputs)."""
+    _FLUSH.clear()
 
 
 def memory_bandwidth_gbs() -> float | None:

@@ -103,7 +103,7 @@ class Worker(ReferenceOps, CandidateOps):
             block = timing.time_block(model, self.rotation, req.schedule, self.device,
                                       self.replay if req.model == "main" else None, keeper)
         self.kept += block.kept
-        return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms,
+        return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms, gate_ms=block.gate_ms,
                            graph_error=self.graph_error, replaced=timing.replaced())
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:

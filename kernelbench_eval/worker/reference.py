@@ -82,6 +82,7 @@ class ReferenceOps:
         outputs stay."""
         self.kept, self.store = [], []
         if self.device == "cuda":
+            timing.release_flush()
             _torch().cuda.empty_cache()
         return WorkerReply(ok=True)
 
