@@ -410,6 +410,7 @@ class WorkerRequest(BaseModel):
     warmup_seconds: float = 0.0
     graph: bool = False
     first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
+    placement: int = 0  # time: which of the worker's input placements this call uses (`timing.Rotation`)
     # export (candidate) / compare_timed (checker): calls of the last block, and their slots
     calls: list[int] = Field(default_factory=list)
     layout: list[list[Slot]] = Field(default_factory=list)

@@ -168,6 +168,19 @@ def test_degenerate_problem_is_flagged_with_its_statistics():
     assert degenerate_outputs([torch.randn(64)], 1e-2, 1e-2) is None
 
 
+def test_rotation_places_its_buffers_apart_and_fills_them_alike():
+    """Two placements: separate buffers (their own memory), the same values for the same call, taken by index
+    modulo the count; one placement (the CPU) ignores the index."""
+    bases = [[torch.ones(64), torch.arange(4)]]
+    two = Rotation(bases, placements=2)
+    first, second = two.fill(0, 0.5, 7, placement=0), two.fill(0, 0.5, 7, placement=1)
+    assert first is two.live and second is not first
+    assert first[0].data_ptr() != second[0].data_ptr() and torch.equal(first[0], second[0])
+    assert two.fill(0, 0.5, 7, placement=3) is second
+    one = Rotation(bases)
+    assert one.fill(0, 0.5, 7, placement=1) is one.live
+
+
 def test_rotation_gives_every_call_new_values_and_keeps_private_copies():
     bases = [[torch.ones(256), torch.arange(4)], [torch.full((256,), 2.0), torch.arange(4) + 1]]
     rotation = Rotation(bases)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from kernelbench_eval.isolation import gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
-from kernelbench_eval.judge.stats import Samples
+from kernelbench_eval.judge.stats import WINDOW, Samples
 from kernelbench_eval.records import RunSettings, Slot, WorkerReply, WorkerRequest
 
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
@@ -142,7 +142,8 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
             cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
             replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
-                                                   first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1]),
+                                                   first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1],
+                                                   placement=(blocks * calls_per_block + i) // WINDOW),
                                 deadline) for i, call in enumerate(schedule)]
             if one.follow:
                 one.follow(schedule)

@@ -61,16 +61,28 @@ class Block:
 JITTER = 0.05  # each element's factor varies by this much around the call's common scale
 
 
+PLACEMENTS = 2  # CUDA: input buffers at this many places in memory, taken in turn window by window
+
+
 class Rotation:
-    """Fixed input buffers, refilled before each call from base set `k` with per-element random factors."""
+    """Fixed input buffers, refilled before each call from base set `k` with per-element random factors.
 
-    def __init__(self, bases: list[list[object]]) -> None:
+    On a GPU there are PLACEMENTS copies of the buffers, allocated apart. Where a buffer lies changes a kernel's
+    time (0.15-0.24 % for a 94 us SiLU on an H100, as much as between two processes: docs/benchmarks.md), and
+    a process has one placement of its own: the timing takes them in turn, window by window, so one session's
+    samples, and its interval, carry what a new process would change.
+    """
+
+    def __init__(self, bases: list[list[object]], placements: int = 1) -> None:
         self.bases = bases
-        self.live = [x.clone() if isinstance(x, torch.Tensor) else x for x in bases[0]]
+        self.placements = [[x.clone() if isinstance(x, torch.Tensor) else x for x in bases[0]]
+                           for _ in range(max(placements, 1))]
+        self.live = self.placements[0]  # what a captured CUDA graph replays on
 
-    def fill(self, k: int, scale: float, seed: int) -> list[object]:
+    def fill(self, k: int, scale: float, seed: int, placement: int = 0) -> list[object]:
         """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
-        for i, (live, base) in enumerate(zip(self.live, self.bases[k], strict=True)):
+        live_set = self.placements[placement % len(self.placements)]
+        for i, (live, base) in enumerate(zip(live_set, self.bases[k], strict=True)):
             if not isinstance(live, torch.Tensor):
                 continue
             if live.is_floating_point():
@@ -80,7 +92,7 @@ class Rotation:
                 torch.mul(base, factor, out=live)
             else:
                 live.copy_(base)
-        return self.live
+        return live_set
 
 
 def keep(out: object) -> list[torch.Tensor | None]:
@@ -93,7 +105,8 @@ Keeper = Callable[[int, object], list]  # (call index in the block, its output) 
 
 
 def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
-               device: str, replay: Callable[[], object] | None = None, keeper: Keeper | None = None) -> Block:
+               device: str, replay: Callable[[], object] | None = None, keeper: Keeper | None = None,
+               placement: int = 0) -> Block:
     """Time one call per (base set, scale) in `schedule`, keeping a copy of every call's outputs.
 
     `replay`, when given, is a captured CUDA graph of the model on the rotation's buffers, timed instead.
@@ -101,7 +114,7 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
     """
     keeper = keeper or (lambda _, out: keep(out))
     if device == "cuda":
-        return _time_cuda(model, rotation, schedule, replay, keeper)
+        return _time_cuda(model, rotation, schedule, replay, keeper, 0 if replay else placement)
     block = Block()
     for i, (k, scale, seed) in enumerate(schedule):
         inputs = rotation.fill(k, scale, seed)
@@ -133,13 +146,13 @@ def replaced() -> list[str]:
 
 
 def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
-               call: Callable[[], object] | None, keeper: Keeper) -> Block:
+               call: Callable[[], object] | None, keeper: Keeper, placement: int) -> Block:
     assert _EventBase is not None and _device_sync is not None
     block = Block()
     flush = l2_flush_buffer()
     for i, (k, scale, seed) in enumerate(schedule):
         _device_sync()  # the whole device, so no work of the previous call leaks in
-        inputs = rotation.fill(k, scale, seed)
+        inputs = rotation.fill(k, scale, seed, placement)
         reset_persisting_l2()
         before, start, end, after = (_EventBase(enable_timing=True) for _ in range(4))
         stream = _current_stream()

@@ -86,7 +86,8 @@ class Worker(ReferenceOps, CandidateOps):
         torch = _torch()
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
-            self.rotation = timing.Rotation([self.sets[n] for n in names])
+            self.rotation = timing.Rotation([self.sets[n] for n in names],
+                                            timing.PLACEMENTS if self.device == "cuda" else 1)
             self.rotation_sets = names
         model = self.models[req.model]
         # the candidate's copies go into the exchange; the checker's into storage of its own, made once and
@@ -101,7 +102,7 @@ class Worker(ReferenceOps, CandidateOps):
             keeper = (self.exchange_keeper(req.layout) if req.layout
                       else self.store_keeper(req.first, len(req.schedule)))
             block = timing.time_block(model, self.rotation, req.schedule, self.device,
-                                      self.replay if req.model == "main" else None, keeper)
+                                      self.replay if req.model == "main" else None, keeper, req.placement)
         self.kept += block.kept
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms, gate_ms=block.gate_ms,
                            graph_error=self.graph_error, replaced=timing.replaced())
