@@ -174,6 +174,8 @@ def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[
 
 def capture_graph(model: Callable[..., object], rotation: Rotation) -> tuple[Callable[[], object] | None, str | None]:
     """A CUDA-graph replay of the model on the fixed input buffers, or (None, why) when it cannot be captured."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -186,6 +188,10 @@ def capture_graph(model: Callable[..., object], rotation: Rotation) -> tuple[Cal
             static_out = model(*rotation.live)
     except Exception as exc:  # any capture failure falls back to plain calls
         torch.cuda.synchronize()
+        # a failed capture leaves the default generator capturing: every later random draw on the device (the
+        # candidate's dropout, a test's torch.rand) raised "Offset increment outside graph capture"
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
         return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
     def replay() -> object:
