@@ -39,7 +39,8 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
 
 def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
     """At least twice the L2, and at least FLUSH_COVER_S of writing at peak bandwidth (the launch's cover)."""
-    from kernelbench_eval.judge.timing import FLUSH_COVER_S, l2_flush_buffer, memory_bandwidth_gbs
+    from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
+    from kernelbench_eval.judge.timing import FLUSH_COVER_S, l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)

@@ -179,7 +179,7 @@ class _DeviceArray:
 
 
 def _cudart() -> Any:
-    from kernelbench_eval.judge.timing import cudart
+    from kernelbench_eval.judge.cudart import cudart
 
     lib = cudart()
     if lib is None:

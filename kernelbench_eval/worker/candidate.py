@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelbench_eval.judge import timing
+from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.records import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory, fits
@@ -47,7 +47,7 @@ class CandidateOps:
         with torch.no_grad():
             out = self.models["main"](*inputs)
             _sync(self.device)
-        launch_error = timing.last_launch_error() if self.device == "cuda" else None
+        launch_error = cudart.last_launch_error() if self.device == "cuda" else None
         outs = as_list(out)
         metas = [_meta(o) for o in outs]
         self._copy_in(outs, metas, req.slots)

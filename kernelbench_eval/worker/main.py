@@ -20,7 +20,7 @@ from typing import Any
 
 from kernelbench_eval.isolation import sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent
-from kernelbench_eval.judge import timing
+from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
 from kernelbench_eval.records import WorkerReply, WorkerRequest
@@ -76,8 +76,8 @@ class Worker(ReferenceOps, CandidateOps):
         reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__,
                             memory_bytes=_memory_bytes(self.device))
         if self.device == "cuda":
-            reply.memory_bandwidth_gbs = timing.memory_bandwidth_gbs()
-            reply.event_overhead_ms = timing.event_overhead_ms()
+            reply.memory_bandwidth_gbs = cudart.memory_bandwidth_gbs()
+            reply.event_overhead_ms = cudart.event_overhead_ms()
         return reply
 
     def op_time(self, req: WorkerRequest) -> WorkerReply:
