@@ -253,3 +253,15 @@ def test_widened_adds_the_between_session_term_in_quadrature_on_the_log_scale():
     assert low < 1.2448 and high > 1.2456  # the other copy's 1.2448 (0.03 % lower) is inside
     wide = (1.0, 1.5)  # a term much smaller than the session's own interval barely moves it
     assert widened(wide, 1.2, (1e-4, 10)) == pytest.approx(wide, rel=1e-4)
+
+
+def test_warm_ups_never_repeat_an_input():
+    """A second measurement's warm-up (attempt 2) gets inputs the first never used: a caching candidate (the
+    scale_cache attack) finds no repeat to answer from memory."""
+    from kernelbench_eval.judge.timing import warm_up
+
+    seen: list[torch.Tensor] = []
+    rotation = Rotation([[torch.ones(16)], [torch.full((16,), 2.0)]])
+    for _ in range(2):
+        assert warm_up(lambda x: seen.append(x.clone()), rotation, 4, 60.0, "cpu") == 4
+    assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])

@@ -316,7 +316,8 @@ def test_a_cache_of_linear_shortcuts_gains_nothing(attack_run):
 
     Counted, not timed: the candidate prints each shortcut it takes. A trial's second run sees its first run's
     inputs again (proportional, factor 1), so up to one shortcut per trial run is expected; with timed inputs
-    that were proportional (no per-element factors) nearly every timed call would take one.
+    that were proportional (no per-element factors) nearly every timed call would take one. Warm-ups never
+    repeat an input either, even when a busy host makes the timing run twice (13 shortcuts before that).
     """
     v = read_verdicts(attack_run.run_dir)["scale_cache"]
     assert_timed_sanely(v, "scale_cache")

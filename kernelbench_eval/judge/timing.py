@@ -23,6 +23,7 @@ is reported: work a candidate slipped onto another stream during it runs beside 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,12 +129,19 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
     return block
 
 
+_WARM_SEEDS = itertools.count(1 << 40)  # never the same warm-up input twice in a process (timed seeds are secret)
+
+
 def warm_up(model: Callable[..., object], rotation: Rotation, count: int, seconds: float, device: str) -> int:
-    """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns calls made."""
+    """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns calls made.
+
+    Each gets inputs this process has not seen: a second measurement (`timed`, attempt 2) warming up on the
+    first's inputs again handed a caching candidate repeats it could answer from memory (untimed, but noise in
+    what it shows)."""
     deadline = _perf_counter_ns() + int(seconds * 1e9)
     done = 0
     while done < count and _perf_counter_ns() < deadline:
-        model(*rotation.fill(done % len(rotation.bases), 1.0, done))
+        model(*rotation.fill(done % len(rotation.bases), 1.0, next(_WARM_SEEDS)))
         _sync(device)
         done += 1
     return done
