@@ -147,15 +147,14 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
     ref_ms, agreement = ref.per_call(), timed.agreement
-    run.ref.session_ms.append(ref_ms)
-    between = between_sessions(run.ref.session_ms)
     speedup = ref_ms / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
     within = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
-    interval = widened(within, speedup, between) if speedup and within else None
     reason = speedup_reason(speedup, settings.max_speedup, within)  # a claim implausible even within its session
     reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
     if agreement is not None and agreement.outcome == "disturbed":
         reasons.append(agreement.reason(ref_ms))
+    between = session_spread(run.ref.session_ms, ref_ms, doubted=bool(reasons))
+    interval = widened(within, speedup, between) if speedup and within else None
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
@@ -187,6 +186,16 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
             findings.speedup_vs_compile, between)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
+
+
+def session_spread(sessions: list[float], ref_ms: float, doubted: bool) -> tuple[float, int] | None:
+    """The between-session spread for this candidate's interval (`stats.between_sessions`), its session included.
+    The session joins the problem's record only when nothing in its timing was doubted: a candidate that disturbed
+    the reference must not widen the intervals of the candidates judged after it."""
+    if not doubted:
+        sessions.append(ref_ms)
+        return between_sessions(sessions)
+    return between_sessions([*sessions, ref_ms])
 
 
 def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
