@@ -138,13 +138,13 @@ def test_a_second_session_widens_the_interval_by_what_moved_between_sessions(tmp
 def test_a_doubted_session_widens_its_own_interval_but_is_not_recorded():
     """A candidate that disturbed the reference (or whose timing was doubted otherwise) gets the spread with its
     session counted, but the problem's record stays as it was for the candidates judged after it."""
-    from kernelbench_eval.judge.timed import session_spread
+    from kernelbench_eval.judge.timed import record_session
 
     sessions = [1.0, 1.01]
-    assert session_spread(sessions, 1.5, doubted=True)[1] == 2 and sessions == [1.0, 1.01]
-    sd, df = session_spread(sessions, 1.02, doubted=False)
+    assert record_session(sessions, 1.5, doubted=True)[1] == 2 and sessions == [1.0, 1.01]
+    sd, df = record_session(sessions, 1.02, doubted=False)
     assert df == 2 and sessions == [1.0, 1.01, 1.02] and sd < 0.02
-    assert session_spread([], 1.0, doubted=False) is None  # one session: no term yet
+    assert record_session([], 1.0, doubted=False) is None  # one session: no term yet
 
 
 def test_wrong_sign_of_inf_is_incorrect(tmp_path: Path):

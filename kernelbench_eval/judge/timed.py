@@ -153,7 +153,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
     if agreement is not None and agreement.outcome == "disturbed":
         reasons.append(agreement.reason(ref_ms))
-    between = session_spread(run.ref.session_ms, ref_ms, doubted=bool(reasons))
+    between = record_session(run.ref.session_ms, ref_ms, doubted=bool(reasons))
     interval = widened(within, speedup, between) if speedup and within else None
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
@@ -188,8 +188,9 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
 
 
-def session_spread(sessions: list[float], ref_ms: float, doubted: bool) -> tuple[float, int] | None:
-    """The between-session spread for this candidate's interval (`stats.between_sessions`), its session included.
+def record_session(sessions: list[float], ref_ms: float, doubted: bool) -> tuple[float, int] | None:
+    """Add this session to the problem's record (`sessions`, appended in place) unless it was doubted, and return
+    the between-session spread for this candidate's interval (`stats.between_sessions`), its session included.
     The session joins the problem's record only when nothing in its timing was doubted: a candidate that disturbed
     the reference must not widen the intervals of the candidates judged after it."""
     if not doubted:
