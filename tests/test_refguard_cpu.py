@@ -26,10 +26,21 @@ from timed import assert_timed_sanely
 from kernelbench_eval.build.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge import measure as measure_module
+from kernelbench_eval.judge import refguard
+from kernelbench_eval.judge import timed as timed_module
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
 from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
-from kernelbench_eval.judge.refguard import Guard, check_reference, sched_of, snapshot, stop_group, threads
+from kernelbench_eval.judge.refguard import (
+    MAX_GAP_S,
+    Guard,
+    StandIn,
+    check_reference,
+    sched_of,
+    snapshot,
+    stop_group,
+    threads,
+)
 from kernelbench_eval.records import RunSettings, WorkerReply
 
 PROBLEMS = FIXTURES / "attack_problems"
@@ -150,6 +161,57 @@ def test_workers_are_sent_one_call_at_a_time():
     assert all(len(r.schedule) == 1 for r in timed)
     assert [r.first for r in timed[:10]] == list(range(10))  # where each call goes in its block's kept outputs
 
+
+
+# -- the alone re-check in the interleaved cadence (`refguard.StandIn`) -------------------------------------
+
+
+def test_measure_records_how_long_each_model_waited_between_its_blocks():
+    """ABBA over three blocks (ref cand | cand ref | ref cand): the reference waits through the candidate's first
+    two blocks (20 ms each here), the candidate through the reference's next two (10 ms each); what the reference
+    waited is what the re-check stands in for."""
+    ref = TimedModel(_Recorder(), follow=lambda schedule: time.sleep(0.01))  # type: ignore[arg-type]
+    cand = TimedModel(_Recorder(), follow=lambda schedule: time.sleep(0.02))  # type: ignore[arg-type]
+    settings = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
+    assert measure([ref, cand], ["a"], settings, Deadline(60), calls_per_block=10).blocks == 3
+    assert len(ref.idle_s) == 2 and len(cand.idle_s) == 2
+    assert ref.idle_s[0] >= 0.04 and cand.idle_s[1] >= 0.02
+
+
+def test_the_stand_in_spins_through_each_recorded_wait_in_turn(monkeypatch: pytest.MonkeyPatch):
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError("the stand-in slept: a sleeping host is not a candidate's turn")
+
+    monkeypatch.setattr(refguard.time, "sleep", no_sleep)
+    stand_in = StandIn([0.03, 0.0])
+    begun = time.perf_counter()
+    stand_in()
+    first = time.perf_counter() - begun
+    stand_in()
+    stand_in()  # the recorded waits again, in their order
+    assert first >= 0.03 and time.perf_counter() - begun >= 0.06 and stand_in.turn == 3
+    assert StandIn([]).gaps == [0.0] and StandIn([5.0, -1.0]).gaps == [MAX_GAP_S, 0.0]  # bounded, never negative
+
+
+def test_the_recheck_stands_in_for_the_candidates_turns():
+    """`timed` hands the alone re-check the waits the reference had beside this candidate."""
+    seen: dict = {}
+
+    class _Ref:
+        settings = RunSettings(device="cpu", timing_budget=4)
+        alone = [1.0 + 0.01 * (i % 7) for i in range(60)]
+        broken = False
+
+        def time_alone(self, budget: float, between=None) -> list[float]:  # noqa: ANN001
+            seen["budget"], seen["between"] = budget, between
+            return list(self.alone)
+
+    held = SimpleNamespace(before_reference=lambda: None, release=lambda: False, broken=False)
+    interleaved = TimedModel(_Recorder(), event_ms=[3 * x for x in _Ref.alone], idle_s=[0.01, 0.002])  # type: ignore[arg-type]
+    timed = timed_module._Timed(interleaved, interleaved, 6, 60, [], 1.0, held)  # type: ignore[arg-type]
+    agreement = timed_module._check_reference(SimpleNamespace(ref=_Ref(), deadline=Deadline(60)), timed)  # type: ignore[arg-type]
+    assert agreement is not None and agreement.outcome == "disturbed"
+    assert isinstance(seen["between"], StandIn) and seen["between"].gaps == [0.01, 0.002] and seen["budget"] == 2
 
 # -- the guard on processes this test starts ----------------------------------------------------------------
 

@@ -55,6 +55,8 @@ class TimedModel:
     graph_error: str | None = None
     replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`timing.replaced`)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
+    idle_s: list[float] = field(default_factory=list)  # per block after the first: seconds since its previous ended
+    ended: float | None = None  # perf_counter when its last block (and its follow-up) ended
 
     def cores_used(self) -> float:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
@@ -141,6 +143,8 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
                 one.before()
             cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
+            if one.ended is not None:
+                one.idle_s.append(begun / 1e9 - one.ended)
             replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
                                                    first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1],
                                                    placement=(blocks * calls_per_block + i) // WINDOW),
@@ -148,6 +152,7 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
             if one.follow:
                 one.follow(schedule)
             one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
+            one.ended = time.perf_counter_ns() / 1e9
             one.cpu_ms += process_cpu_ms(one.worker) - cpu_before
         if after_block:
             after_block(blocks, schedule)

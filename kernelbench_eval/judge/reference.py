@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -253,15 +254,16 @@ class ReferenceSide:
             found.compiled_rse = finite(rse_per_call(baseline.compiled_samples))
         return baseline
 
-    def time_alone(self, budget: float | None = None) -> list[float]:
-        """The reference's calls timed with nothing interleaved (no candidate, or one stopped), within `budget` s."""
+    def time_alone(self, budget: float | None = None, between: Callable[[], None] | None = None) -> list[float]:
+        """The reference's calls timed with nothing interleaved (no candidate, or one stopped), within `budget` s;
+        `between` runs before each block, outside its clock (`refguard.StandIn`)."""
         assert self.worker is not None
         settings = self.settings if budget is None else self.settings.model_copy(update={"timing_budget": budget})
-        return self._measure_alone(self.worker, Deadline(self.timeout), settings)
+        return self._measure_alone(self.worker, Deadline(self.timeout), settings, between)
 
-    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline, settings: RunSettings | None = None
-                       ) -> list[float]:
-        timed = TimedModel(worker)
+    def _measure_alone(self, worker: WorkerProcess, deadline: Deadline, settings: RunSettings | None = None,
+                       between: Callable[[], None] | None = None) -> list[float]:
+        timed = TimedModel(worker, before=between)
         measure([timed], self.timing_sets(), settings or self.settings, deadline, self.calls_per_block())
         return timed.event_ms
 

@@ -19,7 +19,10 @@ a faster speedup. Two layers, each standing on its own:
   that left the group, a trick not thought of) shows in time: the reference timed interleaved is compared
   with the reference timed alone (the eager baseline, measured when the problem was opened, before any
   candidate was alive). On a disagreement beyond noise (the ratio's 95 % interval entirely past SLACK), the
-  reference is timed alone again right then, with the candidate stopped throughout. Still slower interleaved
+  reference is timed alone again right then, with the candidate stopped throughout, in the cadence it was timed
+  beside the candidate (`StandIn`: where the candidate's turn was, the harness keeps a core busy as long; on a
+  loaded 2-core box a reference called between another process's calls ran 1.86x slower than back to back, and
+  honest code was blamed). Still slower interleaved
   than alone now: it was slowed only beside the candidate: `disturbed` (`timed` measures again from scratch,
   and only a second `disturbed` makes the verdict `suspicious`, so one burst of host load cannot decide). As
   slow alone as interleaved: the machine changed (host load, issue 13), the alone time is replaced by the new
@@ -209,6 +212,28 @@ def _restore(tid: int, sched: Sched) -> bool:
     except OSError:  # lowering a nice value back needs a privilege a plain user lacks
         return False
     return sched_of(tid) == sched
+
+
+class StandIn:
+    """What stands in the candidate's place while the reference is timed alone again: before each of the
+    reference's blocks, the harness keeps one core busy for as long as the reference waited beside the candidate
+    (its idle gaps there, in turn). Host load then treats the reference as it did interleaved: the scheduler owes
+    the other processes the same time, its caches and threads go cold as long. What stays different is only what
+    the candidate's own code did, which SLACK bounds. It spins rather than sleeps: on a loaded 2-core box a
+    reference called after a sleep ran as fast as back to back, after another process's call it did not."""
+
+    def __init__(self, gaps_s: list[float]) -> None:
+        self.gaps = [min(max(g, 0.0), MAX_GAP_S) for g in gaps_s] or [0.0]
+        self.turn = 0
+
+    def __call__(self) -> None:
+        end = time.perf_counter() + self.gaps[self.turn % len(self.gaps)]
+        self.turn += 1
+        while time.perf_counter() < end:
+            pass
+
+
+MAX_GAP_S = 1.0  # a slow candidate's turn is stood in for at most this long per block
 
 
 @dataclass

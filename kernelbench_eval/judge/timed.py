@@ -18,7 +18,7 @@ from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
-from kernelbench_eval.judge.refguard import Agreement, Guard, check_reference
+from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn, check_reference
 from kernelbench_eval.judge.stats import (
     Samples,
     between_sessions,
@@ -71,15 +71,17 @@ def time_candidate(run: CandidateRun) -> None:
 
 
 def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
-    """The interleaved reference against the reference alone (`refguard`); the alone time refreshed when the
-    machine changed. The candidate stays stopped throughout, and is let go after."""
+    """The interleaved reference against the reference alone (`refguard`), timed again in the interleaved
+    cadence on a disagreement; the alone time refreshed when the machine changed. The candidate stays stopped
+    throughout, and is let go after."""
     ref_side, guard = run.ref, timed.guard
     try:
         if not ref_side.alone:
             return None
         budget = min(max(ref_side.settings.timing_budget / 2, 1.0), run.deadline.left())
+        stand_in = StandIn(timed.ref.idle_s)  # the candidate's turns, as the reference waited through them
         agreement, ref_side.alone = check_reference(timed.ref.event_ms, ref_side.alone, ref_side.settings.device,
-                                                    guard, lambda: ref_side.time_alone(budget))
+                                                    guard, lambda: ref_side.time_alone(budget, stand_in))
         return agreement
     finally:
         guard.release()
