@@ -90,6 +90,8 @@ class Timing(BaseModel):
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None  # within the session, widened by the between-session term
     speedup_ci_within: tuple[float, float] | None = None  # from this session's calls alone (the bootstrap)
+    # where another session's speedup for the same source would land, 95 % (`stats.rerun_interval`)
+    speedup_rerun_interval: tuple[float, float] | None = None
     between_sd: float | None = None  # sd of the reference's log time per call over this problem's sessions so far
     between_df: int | None = None  # its degrees of freedom (sessions - 1)
     blocks: int
@@ -114,6 +116,8 @@ class Timing(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)
     device_busy: float | None = None  # share of the timing stage's wall time the timed calls kept the device busy
     exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
+    # timed calls whose outputs the checker read where the candidate's call had put them (`carve`), no copy
+    in_place_calls: int | None = None
     # the reference timed alone (`judge.refguard`): its time per call, interleaved / alone, and what was concluded:
     # "agrees", "refreshed" (the machine changed: re-measured alone), "disturbed" (slowed beside the candidate)
     ref_alone_ms: float | None = None
@@ -356,6 +360,8 @@ class ExchangeInfo(BaseModel):
     kind: Literal["cuda_ipc", "shm"]
     handle: str
     size: int = Field(ge=0)
+    # CUDA: where the area the candidate's timed calls allocate from begins (`carve`); 0: no such area
+    pool_offset: int = Field(default=0, ge=0)
 
 
 class CheckResult(BaseModel):
@@ -425,8 +431,9 @@ class WorkerReply(BaseModel):
     error: str | None = None
     outputs: list[TensorMeta] = Field(default_factory=list)
     expected: list[list[TensorMeta]] = Field(default_factory=list)  # expect: per trial, the reference's outputs
-    metas: list[list[TensorMeta]] = Field(default_factory=list)  # export: per call, the candidate's outputs
+    metas: list[list[TensorMeta]] = Field(default_factory=list)  # export, time: per call, the outputs
     slots: list[Slot] = Field(default_factory=list)
+    placed: list[list[Slot]] = Field(default_factory=list)  # time (candidate): per call, where its outputs lie
     exchange: ExchangeInfo | None = None
     check: CheckResult | None = None
     warning: str | None = None

@@ -19,33 +19,42 @@ from benchdoc import write_section  # noqa: E402
 
 
 def verdict(candidate: str, speedup: float | None, ci: tuple[float, float] | None, ms: float = 0.1,
-            status: str = "ok", problem: str = "p") -> dict:
+            status: str = "ok", problem: str = "p", rerun: tuple[float, float] | None = None) -> dict:
     return {"problem": problem, "candidate": candidate, "status": status, "error": None, "runtime_ms": ms,
             "ref_runtime_ms": ms * (speedup or 1), "speedup_vs_eager": speedup, "speedup_vs_eager_ci": ci,
-            "timing": {"attempts": 1}}
+            "timing": {"attempts": 1, "speedup_rerun_interval": rerun}}
 
 
 def test_pairs_compare_copies_and_their_intervals():
     rows = identical.pair_rows([
-        verdict("k__a", 1.00, (0.97, 1.07)), verdict("k__b", 1.06, (1.03, 1.09)),  # 6 %, a outside b's
+        # 6 % apart: a outside b's confidence interval, inside its rerun interval
+        verdict("k__a", 1.00, (0.97, 1.07), rerun=(0.95, 1.10)),
+        verdict("k__b", 1.06, (1.03, 1.09), rerun=(0.99, 1.12)),
         verdict("s__a", 2.0, (1.8, 2.2), ms=0.02), verdict("s__b", 2.1, (1.9, 2.3), ms=0.02),  # 5 %, both inside
+        verdict("r__a", 1.0, (0.99, 1.01), rerun=(0.985, 1.025)),
+        verdict("r__b", 1.02, (1.01, 1.03), rerun=(1.005, 1.04)),
         verdict("w__a", 1.0, (0.9, 1.1)), verdict("w__b", None, None, status="suspicious"),
         verdict("lone__a", 1.0, (0.9, 1.1)),
     ])
     by = {r["candidate"]: r for r in rows}
     k = by["k"]
     assert k["rel_diff"] == pytest.approx(0.06) and k["target"] == 0.05
-    assert not k["a_in_b"] and k["b_in_a"] and not k["met"]
-    s = by["s"]
-    assert s["target"] == 0.10 and s["a_in_b"] and s["b_in_a"] and s["met"]  # a 20 µs kernel: 10 %
+    assert not k["a_in_b"] and k["b_in_a"] and k["a_in_b_rerun"] and k["b_in_a_rerun"]
+    assert not k["met"]  # 6 % apart: over the 5 % target, whatever the intervals say
+    s = by["s"]  # a 20 µs kernel: 10 %; no rerun interval recorded: the confidence interval stands in
+    assert s["target"] == 0.10 and s["rerun"] == s["ci"] and s["a_in_b_rerun"] and s["b_in_a_rerun"] and s["met"]
+    r = by["r"]
+    assert not r["a_in_b_rerun"] and r["b_in_a_rerun"] and not r["met"]
     assert "speedup" not in by["w"] and by["w"]["status"] == ["ok", "suspicious"]
     assert by["lone"]["status"] == ["ok", "missing"]
     lines = identical.verdict_lines(rows)
-    assert lines[0].startswith("- MISS") and "0 of 1" in lines[0]
+    assert lines[0].startswith("- MISS") and "1 of 2" in lines[0]
     assert lines[1].startswith("- PASS") and "1 of 1" in lines[1]
-    assert lines[2].startswith("- MISS") and "1 of 2" in lines[2]
-    assert "p/w (ok / suspicious)" in lines[3]
-    assert len(identical.table(rows)) == 2 + len(rows)
+    assert lines[2].startswith("- MISS") and "rerun interval: 2 of 3" in lines[2]
+    assert "1 of 3 pairs, 3 of 6 one-way" in lines[3]
+    assert "p/w (ok / suspicious)" in lines[4]
+    table = identical.table(rows)
+    assert len(table) == 2 + len(rows) and "**a outside**" in table[2 + [x["candidate"] for x in rows].index("r")]
 
 
 def test_seed_choice_follows_seeds_md_and_the_device():

@@ -87,18 +87,19 @@ def test_output_layout_places_calls_one_after_another():
     assert offsets == [0, ALIGN, 2 * ALIGN, 3 * ALIGN] and layout[1][0].shape == [3, 5]
 
 
-def _judge(tmp_path: Path, source: str, name: str, times: int = 1) -> tuple:
+def _judge(tmp_path: Path, source: str, name: str, times: int = 1, device: str = "cpu", problem: str = PROBLEM
+           ) -> tuple:
     """`times` > 1: the same build judged that many times against one reference (the last findings returned)."""
     problem_path = tmp_path / "masked.py"
-    problem_path.write_text(PROBLEM)
+    problem_path.write_text(problem)
     candidate = tmp_path / f"{name}.py"
     candidate.write_text(source)
-    settings = RunSettings(device="cpu", trials=2, reps=20, timing_budget=1.0, warmup=2, compile_baseline=False,
+    settings = RunSettings(device=device, trials=2, reps=20, timing_budget=1.0, warmup=2, compile_baseline=False,
                            max_speedup=0, threads=1)
     problem = Problem("masked", problem_path, sha256_file(problem_path))
     ref = ReferenceSide(problem, settings, Secrets.draw(settings.trials), tmp_path / "ref.log", 60, 60,
                         BaselineStore(tmp_path / "baselines.json")).open()
-    build = compile_candidate(make_candidate(problem, candidate), "cpu", tmp_path / "cache", tmp_path / "c.log", 120)
+    build = compile_candidate(make_candidate(problem, candidate), device, tmp_path / "cache", tmp_path / "c.log", 120)
     assert build.record.ok, build.record.error
     try:
         assert ref.error is None, ref.error
@@ -233,3 +234,74 @@ def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: P
     finally:
         lane.close()
     assert lane.holds() == [] and not first.workdir.exists()
+
+
+# reports each timed call's outputs at an offset the checker must not read: past the exchange's end, or off an
+# element boundary (a float32 view there raised in the checker itself)
+MISPLACED = HONEST + '''
+
+import sys
+
+_worker = getattr(sys.modules.get("__main__"), "Worker", None)
+if _worker is not None:
+    _orig_time = _worker.op_time
+
+    def _op_time(wself, req):
+        reply = _orig_time(wself, req)
+        for call in reply.placed:
+            for slot in call:
+                slot.offset = OFFSET(wself.exchange.info.size)
+        return reply
+
+    _worker.op_time = _op_time
+'''
+
+
+@pytest.mark.parametrize("offset", ["lambda size: size", "lambda size: 2"])
+def test_outputs_reported_where_the_exchange_cannot_hold_them_fail_the_call(tmp_path: Path, offset: str):
+    """Where a timed call's outputs lie is the candidate's word: only an offset inside the exchange, on an
+    element boundary, is read; anything else fails the call in the harness, never the checker."""
+    _, findings = _judge(tmp_path, MISPLACED.replace("OFFSET", f"({offset})"), "misplaced")
+    assert findings.status == "incorrect" and findings.trials_passed == 2, findings.error
+    assert "where the exchange cannot hold them" in findings.error, findings.error
+
+
+# outputs of 288 MB: over half the kept-output budget, so a timing block is one call (as for 71_Conv2d's 520 MB)
+BIG = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+def get_inputs():
+    return [torch.rand(4, 18_000_000) * 2 - 1]
+
+
+def get_init_inputs():
+    return []
+"""
+BIG_FRESH = BIG.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
+BIG_REUSING = BIG_FRESH.replace("        return torch.relu(x) * 2", """        if not hasattr(self, "out"):
+            self.out = torch.empty_like(x)
+        return torch.clamp(x, min=0, out=self.out).mul_(2)""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("problem", "source", "in_place"), [(BIG, BIG_FRESH, True), (BIG, BIG_REUSING, False),
+                                                             (PROBLEM, HONEST, False)])
+def test_timed_outputs_are_compared_where_the_call_put_them(tmp_path: Path, problem: str, source: str,
+                                                            in_place: bool):
+    """On a GPU, where a timing block is one call, a timed call's fresh outputs are compared where it put them, in
+    the exchange's pool area (no copy); a buffer the model made in its first trial and hands out every call lies
+    outside it and is copied, as are the outputs of blocks of several calls (small outputs), so that no later call
+    of the block can write over them before the check. Correct either way."""
+    _, findings = _judge(tmp_path, source, "pooled", device="cuda", problem=problem)
+    assert findings.correct and findings.timing is not None, findings.error
+    assert findings.timing.exchange == "cuda_ipc"
+    calls = findings.timing.in_place_calls
+    assert (calls > 0) if in_place else (calls == 0), calls

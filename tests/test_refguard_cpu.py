@@ -152,6 +152,19 @@ class _Recorder:
         return WorkerReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
 
 
+class _Slow(_Recorder):
+    """A worker whose every timed call takes `seconds` of the harness's time."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def call(self, req, timeout):  # noqa: ANN001, ANN201
+        if req.schedule:
+            time.sleep(self.seconds)
+        return super().call(req, timeout)
+
+
 def test_workers_are_sent_one_call_at_a_time():
     worker = _Recorder()
     settings = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
@@ -170,8 +183,8 @@ def test_measure_records_how_long_each_model_waited_between_its_blocks():
     """ABBA over three blocks (ref cand | cand ref | ref cand): the reference waits through the candidate's first
     two blocks (20 ms each here), the candidate through the reference's next two (10 ms each); what the reference
     waited is what the re-check stands in for."""
-    ref = TimedModel(_Recorder(), follow=lambda schedule: time.sleep(0.01))  # type: ignore[arg-type]
-    cand = TimedModel(_Recorder(), follow=lambda schedule: time.sleep(0.02))  # type: ignore[arg-type]
+    ref = TimedModel(_Slow(0.001))  # type: ignore[arg-type]
+    cand = TimedModel(_Slow(0.002))  # type: ignore[arg-type]
     settings = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
     assert measure([ref, cand], ["a"], settings, Deadline(60), calls_per_block=10).blocks == 3
     assert len(ref.idle_s) == 2 and len(cand.idle_s) == 2

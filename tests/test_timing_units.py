@@ -265,3 +265,16 @@ def test_warm_ups_never_repeat_an_input():
     for _ in range(2):
         assert warm_up(lambda x: seen.append(x.clone()), rotation, 4, 60.0, "cpu") == 4
     assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])
+
+
+def test_a_rerun_interval_is_the_confidence_interval_sqrt2_wider_on_the_log_scale():
+    """Two sessions' estimates each carry the error a confidence interval describes: their difference twice the
+    variance. Each side widens by sqrt(2) in log terms; a degenerate interval is left as it is."""
+    import math
+
+    from kernelbench_eval.judge.stats import rerun_interval
+
+    low, high = rerun_interval((0.9, 1.2), 1.0)
+    assert math.log(1.0 / low) == pytest.approx(math.sqrt(2) * math.log(1 / 0.9))
+    assert math.log(high) == pytest.approx(math.sqrt(2) * math.log(1.2))
+    assert rerun_interval((0.0, 1.2), 1.0) == (0.0, 1.2)

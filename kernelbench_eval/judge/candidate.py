@@ -37,6 +37,7 @@ class CandidateRun:
         self.worker: WorkerProcess | None = None
         self.phases: dict[str, float] = {}
         self.exchange_kind: str | None = None
+        self.exchange_bytes = 0  # the lent exchange's size: a reported output must lie inside it
         self._lent = False
 
     def __enter__(self) -> CandidateRun:
@@ -116,6 +117,7 @@ class CandidateRun:
             self.ref.ipc_refused = exc.message
             info = self.ref.lend(self.workdir)
             self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
+        self.exchange_bytes = info.size
         if info.kind == "shm" and self.ref.ipc_refused:
             self.exchange_kind = f"shm (CUDA IPC refused: {self.ref.ipc_refused[:200]})"
         else:

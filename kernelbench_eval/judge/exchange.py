@@ -56,6 +56,10 @@ def layout_bytes(slots: list[Slot]) -> int:
     return max(ends, default=0)
 
 
+def slot_bytes(slot: Slot) -> int:
+    return _numel(slot.shape) * item_bytes(slot.dtype or "")
+
+
 def _numel(shape: list[int]) -> int:
     n = 1
     for size in shape:
@@ -108,7 +112,7 @@ class Exchange:
         import torch
 
         dtype = getattr(torch, (slot.dtype or "torch.uint8").removeprefix("torch."))
-        nbytes = _numel(slot.shape) * item_bytes(slot.dtype or "")
+        nbytes = slot_bytes(slot)
         if slot.offset < 0 or slot.offset + nbytes > self.info.size:
             raise ValueError(f"slot at {slot.offset} (+{nbytes} bytes) outside the {self.info.size}-byte exchange")
         return self.buffer[slot.offset:slot.offset + nbytes].view(dtype).view(slot.shape)

@@ -42,9 +42,6 @@ class TimedModel:
 
     worker: WorkerProcess
     model: str = "main"  # which of the worker's models is timed ("compiled": the torch.compile baseline)
-    # Work done right after each block inside the block's wall clock: the candidate hands its outputs over
-    # (so computing them only then is caught by the clock check), the reference does the same copies.
-    follow: Callable[[list[Call]], None] | None = None
     before: Callable[[], None] | None = None  # right before its warm-up and each block, outside their wall clock
     layout: list[list[Slot]] = field(default_factory=list)  # where a candidate's worker puts each call's outputs
     event_ms: Samples = field(default_factory=Samples)
@@ -56,7 +53,8 @@ class TimedModel:
     replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`timing.replaced`)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
     idle_s: list[float] = field(default_factory=list)  # per block after the first: seconds since its previous ended
-    ended: float | None = None  # perf_counter when its last block (and its follow-up) ended
+    ended: float | None = None  # perf_counter when its last block ended
+    last: list[WorkerReply] = field(default_factory=list)  # the last block's replies: its outputs, where they lie
 
     def cores_used(self) -> float:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
@@ -149,8 +147,7 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
                                                    first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1],
                                                    placement=(blocks * calls_per_block + i) // WINDOW),
                                 deadline) for i, call in enumerate(schedule)]
-            if one.follow:
-                one.follow(schedule)
+            one.last = replies
             one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
             one.ended = time.perf_counter_ns() / 1e9
             one.cpu_ms += process_cpu_ms(one.worker) - cpu_before

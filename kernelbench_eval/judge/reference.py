@@ -23,6 +23,7 @@ from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge import conditions
 from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.carve import SEGMENT_ALIGN
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
@@ -43,6 +44,15 @@ from kernelbench_eval.records import (
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"
 SLACK_BYTES = 64 * 256  # alignment padding for the input sets' tensors in the exchange
+POOL_BLOCKS = 3  # the pool area holds this many calls' outputs: a call's intermediates land there too
+POOL_MIN_BYTES = 64 << 20
+POOL_SHARE = 0.25  # of the device's memory, at most, for the whole exchange
+
+
+def pool_bytes(slots: int, call_outputs: int, memory: int | None) -> int:
+    """The pool area's size (0: none) beside `slots` bytes of exchange, for calls of `call_outputs` bytes."""
+    area = max(POOL_BLOCKS * call_outputs, POOL_MIN_BYTES)
+    return area if memory and slots + area <= POOL_SHARE * memory else 0
 
 
 @dataclass
@@ -169,12 +179,20 @@ class ReferenceSide:
     def timed_layout(self, calls: int) -> list[list[Slot]]:
         return output_layout(self.metas[0], calls)
 
-    def lend(self, shm_dir: Path) -> ExchangeInfo:
-        """A fresh exchange buffer for one candidate, big enough for an input set or a block's outputs."""
-        size = max(self.input_bytes + SLACK_BYTES, self.output_bytes() * self.calls_per_block())
-        req = WorkerRequest(op="open_exchange", size=size, shm_dir=str(shm_dir), name=None if self.ipc else "shm")
+    def lend(self, shm_dir: Path, pool: bool = True) -> ExchangeInfo:
+        """A fresh exchange buffer for one candidate, big enough for an input set or a block's outputs; on a GPU,
+        with `pool`, where a block is one call, followed by the area its timed calls allocate from (`carve`:
+        outputs compared where the call put them)."""
+        slots = max(self.input_bytes + SLACK_BYTES, self.output_bytes() * self.calls_per_block())
+        in_place = pool and self.ipc and self.settings.device == "cuda" and self.calls_per_block() == 1
+        area = pool_bytes(slots, self.output_bytes(), self.memory_bytes) if in_place else 0
+        offset = -(-slots // SEGMENT_ALIGN) * SEGMENT_ALIGN if area else 0
+        req = WorkerRequest(op="open_exchange", size=offset + area if area else slots, shm_dir=str(shm_dir),
+                            name=None if self.ipc else "shm")
         exchange = self._call(req).exchange
         assert exchange is not None
+        if area and exchange.kind == "cuda_ipc":
+            exchange.pool_offset = offset
         return exchange
 
     def reclaim(self) -> None:
@@ -274,7 +292,8 @@ class ReferenceSide:
             env = self.env | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # leave the cores to the candidates' builds
             with WorkerProcess(self.workdir, self.log, env, time_limit=self.compile_timeout) as worker:
                 worker.call(self.load_request("Model", self.problem.path, COMPILE_MODE), deadline.left())
-                worker.call(WorkerRequest(op="attach", exchange=self.lend(self.workdir)), deadline.left())
+                worker.call(WorkerRequest(op="attach", exchange=self.lend(self.workdir, pool=False)),
+                            deadline.left())
                 self.feed(worker, self.timing_sets(), deadline)
                 samples = self._measure_alone(worker, deadline)
             baseline.compiled, baseline.compiled_samples = TimingStats.from_samples(samples), samples

@@ -238,6 +238,20 @@ def widened(interval: tuple[float, float], point: float, between: tuple[float, i
     return point * math.exp(-math.hypot(max(low, 0.0), extra)), point * math.exp(math.hypot(max(high, 0.0), extra))
 
 
+def rerun_interval(interval: tuple[float, float], point: float) -> tuple[float, float]:
+    """Where another session's speedup for the same source lands, 95 %: a prediction interval.
+
+    `interval` (the widened one) says where the true speedup lies; a second session's estimate has as much error
+    again, independent of this one's, so the difference of the two has sqrt(2) times the spread, and the
+    interval for it is sqrt(2) times as wide on the log scale (each side). With honest confidence intervals, two
+    copies lie inside each other's confidence interval only 83 % of the time each way, but inside each other's
+    rerun interval 95 % of the time."""
+    if point <= 0 or interval[0] <= 0:
+        return interval
+    low, high = math.log(point / interval[0]), math.log(interval[1] / point)
+    return point * math.exp(-math.sqrt(2) * max(low, 0.0)), point * math.exp(math.sqrt(2) * max(high, 0.0))
+
+
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:
     """Share of candidates correct and faster than the baseline by more than p, judged on the interval's low end.
 

@@ -1,8 +1,9 @@
 """The timing stage: the candidate interleaved with the reference, every timed call's output checked in full.
 
-While timed, the candidate's worker copies each call's outputs straight into the exchange, and the reference
-keeps its own; after each block (the hand-over inside the candidate's wall clock, so an answer computed only
-then shows as time its timer did not report) the checker compares every call in full with what the
+While timed, the candidate's outputs lie in the exchange (where its call put them, or copied there), and each
+call's reply says where; the reference keeps its own. After each block (the hand-over is each call's reply,
+inside the candidate's wall clock, so an answer computed only then shows as time its timer did not report)
+the checker compares every call in full with what the
 reference computed for the same call, while the candidate is frozen: a candidate that is right only for the
 first calls is `incorrect`, and nothing is sampled or fingerprinted that it could fake. The candidate runs
 only for its own blocks: it is stopped for the reference's and for the checks, and the reference is compared
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
+from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
 from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn, check_reference
@@ -25,11 +27,12 @@ from kernelbench_eval.judge.stats import (
     chained_speedup_ci,
     finite,
     per_call_ms,
+    rerun_interval,
     rse_per_call,
     speedup_ci,
     widened,
 )
-from kernelbench_eval.records import TensorMeta, Timing, TimingStats, WorkerRequest
+from kernelbench_eval.records import Slot, Timing, TimingStats, WorkerRequest
 
 
 class _WrongOutput(Exception):
@@ -47,6 +50,7 @@ class _Timed:
     clocks: list[int | None]
     seconds: float
     guard: Guard
+    in_place: int = 0  # calls whose outputs were compared where the candidate's call put them
     agreement: Agreement | None = None
 
 
@@ -92,17 +96,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
     ref_side, settings = run.ref, run.ref.settings
     assert ref_side.worker is not None and run.worker is not None
     layout = ref_side.timed_layout(ref_side.calls_per_block())
-    exported: list[list[TensorMeta]] = []
-
-    def hand_over(schedule: list[Call]) -> None:
-        """Inside the candidate's block wall clock: its outputs are already in the exchange (put there call by
-        call while timed); an answer it writes only now costs it wall time its timer did not report."""
-        exported[:] = run.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))),
-                                      run.deadline.left()).metas
-
-    def mirror(schedule: list[Call]) -> None:
-        """The reference makes the same round trip, so the hand-over's cost cancels in the clock check."""
-        ref_side.worker.call(WorkerRequest(op="export", calls=list(range(len(schedule)))), run.deadline.left())
+    exchange_bytes = run.exchange_bytes
 
     def resume() -> None:
         """Before the candidate's block, outside its wall clock: let it run, and have its worker answer once, so
@@ -111,18 +105,28 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
             run.worker.call(WorkerRequest(op="export", calls=[]), run.deadline.left())
 
     guard = Guard(run.worker, ref_side.worker, ref_side.sched)
-    ref = TimedModel(ref_side.worker, follow=mirror, before=guard.before_reference)
-    cand = TimedModel(run.worker, follow=hand_over, layout=layout, before=resume)
-    checked = 0
+    ref = TimedModel(ref_side.worker, before=guard.before_reference)
+    cand = TimedModel(run.worker, layout=layout, before=resume)
+    checked = in_place = 0
 
     def check(block: int, schedule: list[Call]) -> None:
         """After both models ran the block: every call compared in full, with the candidate stopped meanwhile
-        (no thread of its own can write into the exchange while the checker reads it)."""
-        nonlocal checked
+        (no thread of its own can write into the exchange while the checker reads it). Each call's reply said
+        what its outputs looked like and where they lie: in their slots, or where the call put them (`carve`)."""
+        nonlocal checked, in_place
         started = time.perf_counter()
         calls = list(range(len(schedule)))
         guard.hold()
-        result = ref_side.compare_timed(calls, layout[:len(calls)], exported)
+        metas = [reply.metas[0] if reply.metas else [] for reply in cand.last]
+        slots = [placed_slots(layout[i], reply.placed[0] if reply.placed else None, exchange_bytes)
+                 for i, reply in enumerate(cand.last)]
+        in_place += sum(1 for i, s in enumerate(slots) if s is not None and s != layout[i])
+        bad = next((i for i, s in enumerate(slots) if s is None), None)
+        if bad is not None:
+            run.fail(f"block {block}, timed call {bad}: its outputs were reported where the exchange cannot hold "
+                     "them (outside it, or off an element boundary)")
+            raise _WrongOutput
+        result = ref_side.compare_timed(calls, [s for s in slots if s is not None], metas)
         run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
         checked += len(calls)
         run.note_diffs(result.max_abs_diff, result.mean_abs_diff)
@@ -143,7 +147,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         guard.release()
         raise
     clocks += [sm_clock_mhz(gpu)] if clocks else []
-    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard)
+    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place)
 
 
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
@@ -162,7 +166,9 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
     findings.timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup,
-        speedup_ci=interval, speedup_ci_within=within, between_sd=between[0] if between else None,
+        speedup_ci=interval, speedup_ci_within=within,
+        speedup_rerun_interval=rerun_interval(interval, speedup) if interval and speedup else None,
+        between_sd=between[0] if between else None,
         between_df=between[1] if between else None,
         blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=finite(rse_per_call(cand.event_ms)),
         ref_rse=finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
@@ -174,6 +180,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
         floor_ms=run.ref.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
+        in_place_calls=timed.in_place if cuda else None,
         ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
         ref_alone_check=agreement.outcome if agreement else None)
     findings.ref_runtime_ms, findings.ref_runtime_stats = ref_ms, ref_stats
@@ -188,6 +195,27 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
             findings.speedup_vs_compile, between)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
+
+
+def placed_slots(slots: list[Slot], placed: list[Slot] | None, exchange_bytes: int) -> list[Slot] | None:
+    """The slots a call's outputs are read from: `slots` (the layout's), each moved to the offset the
+    candidate's worker reported, when it did. Only the offset is taken from the candidate: dtype and shape stay
+    the reference's, and the bytes must lie inside the exchange and start on an element boundary. None when they
+    do not (or the report does not match the layout), which fails the call."""
+    if not placed:
+        return slots
+    if len(placed) != len(slots):
+        return None
+    moved = []
+    for slot, where in zip(slots, placed, strict=True):
+        if slot.dtype is None:
+            moved.append(slot)
+            continue
+        offset, size = where.offset, slot_bytes(slot)
+        if offset < 0 or offset + size > exchange_bytes or offset % item_bytes(slot.dtype) != 0:
+            return None
+        moved.append(slot.model_copy(update={"offset": offset}))
+    return moved
 
 
 def record_session(sessions: list[float], ref_ms: float, doubted: bool) -> tuple[float, int] | None:

@@ -1,17 +1,22 @@
-"""A candidate's side of the exchange: copy inputs out, run, copy outputs in; nothing else crosses over.
+"""A candidate's side of the exchange: copy inputs out, run, put outputs in; nothing else crosses over.
 
-Why copies both ways: the candidate never holds the checker's inputs (it could change them for the next
-candidate) and the checker never reads the candidate's own tensors (it could change them while they are
-compared). Everything this process says about its outputs (`TensorMeta`) is only used to explain a
-mismatch; the comparison itself reads the exchange, in the checker.
+Why copies in: the candidate never holds the checker's inputs (it could change them for the next candidate).
+Outputs go into the exchange, never the candidate's own memory elsewhere: a trial's are copied in; a timed
+call's are left where the call allocated them when that is the exchange's pool area (`carve`), else copied
+in. The checker reads only the exchange, and only while this process is stopped. Everything this process says
+about its outputs (`TensorMeta`, and where they lie) only explains a mismatch or moves where the checker reads
+within the exchange; the comparison itself runs in the checker.
 """
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from kernelbench_eval.judge import cudart, timing
-from kernelbench_eval.judge.exchange import Exchange
+from kernelbench_eval.judge.carve import ExchangePool
+from kernelbench_eval.judge.exchange import Exchange, slot_bytes
+from kernelbench_eval.judge.measure import block_calls
 from kernelbench_eval.records import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory, fits
 
@@ -24,10 +29,20 @@ class CandidateOps:
     sets: dict[str, list[Any]]
     exchange: Exchange | None
     kept: list[list[Any]]
+    pool: ExchangePool | None
+    placed: list[list[Slot]]  # per call of the current block: where its outputs lie in the exchange
+    held: list[list[Any]]  # per call of the current block: its outputs left in the pool area, kept alive until checked
+    spans: list[tuple[int, int]]  # the exchange bytes those outputs occupy
 
     def op_attach(self, req: WorkerRequest) -> WorkerReply:
         assert req.exchange is not None
         self.exchange = Exchange.attach(req.exchange, self.device)
+        if req.exchange.kind == "cuda_ipc" and req.exchange.pool_offset and self.device == "cuda":
+            try:
+                self.pool = ExchangePool(self.exchange.buffer, req.exchange.pool_offset)
+            except Exception:  # no pluggable allocator in this torch: outputs are copied, as before
+                traceback.print_exc()
+                self.pool = None
         return WorkerReply(ok=True)
 
     def op_take(self, req: WorkerRequest) -> WorkerReply:
@@ -55,23 +70,49 @@ class CandidateOps:
         mutated = any(isinstance(x, torch.Tensor) and not torch.equal(x, p) for x, p in pairs)
         return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated, launch_error=launch_error)
 
-    def exchange_keeper(self, layout: list[list[Slot]]) -> timing.Keeper:
-        """While timed: each call's outputs straight into its slots of the exchange (one copy, as a private
-        copy would cost), keeping only what they looked like; `op_export` then reports that."""
+    def exchange_keeper(self, layout: list[list[Slot]], first: int) -> timing.Keeper:
+        """While timed: each call's outputs left where the call put them when that is the exchange's pool area
+        (`carve`), else copied into the call's slots, keeping only what they looked like and where they lie.
+        `first`: the block's call index of this request's first call."""
 
         def keeper(call: int, out: Any) -> list[TensorMeta]:
             outs = as_list(out)
             metas = [_meta(o) for o in outs]
-            self._copy_in(outs, metas, layout[call])
+            index = first + call
+            del self.placed[index:], self.held[index:]
+            in_place = self._in_place(outs, metas, layout[call])
+            if in_place is None:
+                self._copy_in(outs, metas, layout[call])
+                self.placed.append(list(layout[call]))
+                self.held.append([])
+            else:
+                self.placed.append(in_place)
+                self.held.append(outs)  # their memory must not serve a later call before the checker reads it
             return metas
 
         return keeper
 
+    def _in_place(self, outs: list[Any], metas: list[TensorMeta], slots: list[Slot]) -> list[Slot] | None:
+        """The slots where `outs` already lie in the pool area, or None when any one does not, or when a block
+        may hold more than one call (`carve`): then all are copied."""
+        if self.pool is None or not fits(metas, slots) or block_calls(sum(slot_bytes(s) for s in slots)) != 1:
+            return None
+        placed, spans = [], []
+        for out, slot in zip(outs, slots, strict=True):
+            nbytes = slot_bytes(slot)
+            offset = self.pool.offset_of(out, nbytes) if out.is_contiguous() else None
+            if offset is None or any(offset < end and begin < offset + nbytes for begin, end in self.spans + spans):
+                return None
+            spans.append((offset, offset + nbytes))
+            placed.append(Slot.model_construct(offset=offset, dtype=slot.dtype, shape=slot.shape, value=None))
+        self.spans += spans
+        return placed  # no wait: the call's device-wide synchronise came before its keeper
+
     def op_export(self, req: WorkerRequest) -> WorkerReply:
         """What the outputs of calls `calls` of the last timed block looked like (they are in the exchange).
 
-        The checker answers it too (its kept outputs are tensors): the reference makes the same round trip
-        inside its wall clock, so the hand-over costs both timed models alike.
+        Each timed call's reply already says so; the harness sends it with no calls, outside the wall clock,
+        to wake a stopped candidate before its block (`timed.resume`).
         """
         metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in self.kept[call]] for call in req.calls]
         return WorkerReply(ok=True, metas=metas)

@@ -9,6 +9,7 @@ and compares; a candidate's (`worker_candidate`) only ever sees inputs and its o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -21,11 +22,12 @@ from typing import Any
 from kernelbench_eval.isolation import sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent
 from kernelbench_eval.judge import cudart, timing
+from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
-from kernelbench_eval.records import WorkerReply, WorkerRequest
+from kernelbench_eval.records import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.candidate import CandidateOps
-from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch
+from kernelbench_eval.worker.common import _device_name, _memory_bytes, _meta, _one_line, _torch
 from kernelbench_eval.worker.reference import ReferenceOps
 
 _BUILD_FAILURE = "Error building extension"
@@ -41,6 +43,10 @@ class Worker(ReferenceOps, CandidateOps):
         self.device = "cpu"
         self.sets: dict[str, list[Any]] = {}  # input sets by name ("trial0", "timing1"), on the model's device
         self.exchange: Exchange | None = None
+        self.pool: ExchangePool | None = None  # a candidate's, on a GPU: its timed calls allocate in the exchange
+        self.placed: list[list[Any]] = []
+        self.held: list[list[Any]] = []
+        self.spans: list[tuple[int, int]] = []
         self.rotation: timing.Rotation | None = None
         self.rotation_sets: tuple[str, ...] = ()
         self.kept: list[list[Any]] = []
@@ -90,22 +96,34 @@ class Worker(ReferenceOps, CandidateOps):
                                             timing.PLACEMENTS if self.device == "cuda" else 1)
             self.rotation_sets = names
         model = self.models[req.model]
-        # the candidate's copies go into the exchange; the checker's into storage of its own, made once and
-        # reused, so neither side allocates per call (fresh pages per call made the reference 1.5-1.9x slower)
+        # the candidate's outputs stay in the exchange's pool area or are copied into the exchange; the
+        # checker's are copied into storage of its own, made once and reused, so neither side allocates per
+        # call (fresh pages per call made the reference 1.5-1.9x slower)
+        pooled = self.pool if req.layout and not req.graph else None
+        if pooled is not None:
+            timing.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
         if req.first == 0:
-            self.kept = []
-        with torch.no_grad():
-            if req.warmup:
+            self.kept, self.placed, self.held, self.spans = [], [], [], []
+        with torch.no_grad(), pooled.allocating() if pooled is not None else contextlib.nullcontext():
+            if req.warmup:  # in the pool too: its segments are carved before timing
                 timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
             if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
                 self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
-            keeper = (self.exchange_keeper(req.layout) if req.layout
+            keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
                       else self.store_keeper(req.first, len(req.schedule)))
             block = timing.time_block(model, self.rotation, req.schedule, self.device,
                                       self.replay if req.model == "main" else None, keeper, req.placement)
         self.kept += block.kept
+        # each call's outputs described (and, by a candidate, located) in its own reply: the hand-over is the
+        # reply, inside the harness's wall clock on the block, with nothing left to do after the last call
+        # (the checker's reply says where its own copies lie, which nobody reads: the same bytes to write and
+        # parse on the harness's clock as the candidate's, so the clock check compares like with like)
+        metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in kept] for kept in block.kept]
+        placed = self.placed[req.first:req.first + len(req.schedule)] if req.layout else [
+            [Slot.model_construct(offset=0, dtype=m.dtype, shape=m.shape or [], value=None) for m in call]
+            for call in metas]
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms, gate_ms=block.gate_ms,
-                           graph_error=self.graph_error, replaced=timing.replaced())
+                           graph_error=self.graph_error, replaced=timing.replaced(), metas=metas, placed=placed)
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""

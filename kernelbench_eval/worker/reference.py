@@ -158,7 +158,11 @@ class ReferenceOps:
         # on a GPU run over a shared file (CUDA IPC refused), the outputs are brought to the expected ones' device
         got: list[Any] = []
         if len(slots) == len(metas) == len(expected):
-            got = [self.exchange.view(s).to(e.device) for s, e in zip(slots, expected, strict=True)]
+            try:
+                got = [self.exchange.view(s).to(e.device) for s, e in zip(slots, expected, strict=True)]
+            except (ValueError, RuntimeError) as exc:  # a slot outside the exchange or misaligned (the harness
+                # checks first; what a candidate reported is never trusted here either)
+                return CheckResult(passed=False, error=str(exc))
         result = compare_outputs(expected, expected_metas, got, metas, self.atol, self.rtol)
         return CheckResult(passed=result.passed, max_abs_diff=result.max_abs_diff,
                            mean_abs_diff=result.mean_abs_diff, error=result.error)
