@@ -375,9 +375,10 @@ def main() -> None:
         f"{seeds} seed-corpus candidates (those `candidates/SEEDS.md` expects to be `ok` here) and {small} small "
         "kernels written by the bench, every candidate present twice with the same bytes (one build, two "
         f"verdicts, each in its own process); {len(verdicts)} verdicts in {wall:.0f} s{stopped}. *Difference*: "
-        "larger speedup over smaller, minus 1. *a in b's*: copy a's speedup inside copy b's 95 % interval. "
-        f"Target (issue 13): within 5 % for candidates of {LONG_MS * 1000:.0f} µs and more, 10 % below "
-        "(the ~20 µs kernels), and each inside the other's interval.", "",
+        "larger speedup over smaller, minus 1. [95 % confidence interval], {95 % rerun interval: where another "
+        "session's speedup lands}. *In each other's (rerun) interval*: each copy's speedup inside the other "
+        f"copy's. Target (issue 13): within 5 % for candidates of {LONG_MS * 1000:.0f} µs and more, 10 % below "
+        "(the ~20 µs kernels), and each inside the other's rerun interval.", "",
         *table(rows), "", *verdict_lines(rows), ""])
     print(text, flush=True)
     md = args.out_md or (None if args.dry_run else REPO / "docs" / "benchmarks.md")

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from kernelbench_eval.judge import measure
-from kernelbench_eval.judge.carve import SEGMENT_ALIGN, Carver
+from kernelbench_eval.judge.carve import POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
 from kernelbench_eval.judge.exchange import Exchange, output_layout
-from kernelbench_eval.judge.reference import POOL_MIN_BYTES, pool_bytes
 from kernelbench_eval.judge.timed import placed_slots
-from kernelbench_eval.records import Slot, TensorMeta
+from kernelbench_eval.messages import Slot, TensorMeta
 from kernelbench_eval.worker.main import Worker
 
 

@@ -24,7 +24,7 @@ from kernelbench_eval.isolation import forkserver
 from kernelbench_eval.isolation.forkserver import ForkedChild
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.exchange import output_layout
-from kernelbench_eval.records import WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"

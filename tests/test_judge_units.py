@@ -12,7 +12,8 @@ from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_fil
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
-from kernelbench_eval.records import RunSettings, Slot, TensorMeta
+from kernelbench_eval.messages import Slot, TensorMeta
+from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.reference import draw_inputs
 
 PROBLEM = '''

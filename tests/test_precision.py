@@ -10,7 +10,8 @@ import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
 from kernelbench_eval.judge.precision import cast_inputs, cast_model, dtype_of, tolerance
-from kernelbench_eval.records import RunSettings, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.main import Worker
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"

@@ -13,7 +13,8 @@ from conftest import FIXTURES, kbeval, read_verdicts
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import declared_devices
 from kernelbench_eval.judge.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
-from kernelbench_eval.records import KernelCount, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.records import KernelCount
 from kernelbench_eval.worker.main import Worker, classify
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"

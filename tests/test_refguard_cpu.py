@@ -41,7 +41,8 @@ from kernelbench_eval.judge.refguard import (
     stop_group,
     threads,
 )
-from kernelbench_eval.records import RunSettings, WorkerReply
+from kernelbench_eval.messages import WorkerReply
+from kernelbench_eval.records import RunSettings
 
 PROBLEMS = FIXTURES / "attack_problems"
 ATTACKS = FIXTURES / "attacks_reference"

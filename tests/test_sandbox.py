@@ -35,7 +35,8 @@ from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, co
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
 from kernelbench_eval.isolation.process import WorkerProcess, worker_env
-from kernelbench_eval.records import CONTAINMENT, SandboxRecord, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.records import CONTAINMENT, SandboxRecord
 from kernelbench_eval.store import keys
 
 SBX = FIXTURES / "attacks_sandbox"

@@ -37,7 +37,8 @@ from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.records import CompileRecord, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.records import CompileRecord
 from kernelbench_eval.results.record import write_atomic
 from kernelbench_eval.store import keys, locks
 

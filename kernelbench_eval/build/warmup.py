@@ -23,7 +23,8 @@ from typing import Any
 
 from kernelbench_eval.discover.corpus import TRITON_HINTS, Problem
 from kernelbench_eval.judge.precision import cast_inputs, cast_model
-from kernelbench_eval.records import RunSettings, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.common import _one_line
 
 

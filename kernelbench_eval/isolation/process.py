@@ -25,7 +25,8 @@ from pathlib import Path
 from kernelbench_eval.isolation import forkclient, linux, sandbox
 from kernelbench_eval.isolation.cgroups import Leaf
 from kernelbench_eval.isolation.forkclient import TOKEN_VAR, ForkedChild
-from kernelbench_eval.records import SandboxRecord, SandboxSpec, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.records import SandboxRecord, SandboxSpec
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped

@@ -20,7 +20,8 @@ from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
-from kernelbench_eval.records import Findings, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.records import Findings
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
 

@@ -30,6 +30,16 @@ from typing import Any
 from kernelbench_eval.judge.cudart import cudart
 
 SEGMENT_ALIGN = 2 << 20  # the caching allocator's large-segment granularity
+POOL_BLOCKS = 3  # the pool area holds this many calls' outputs: a call's intermediates land there too
+POOL_MIN_BYTES = 64 << 20
+POOL_SHARE = 0.25  # of the device's memory, at most, for the whole exchange
+
+
+def pool_bytes(slots: int, call_outputs: int, memory: int | None) -> int:
+    """The pool area's size (0: none) beside `slots` bytes of exchange, for calls of `call_outputs` bytes."""
+    area = max(POOL_BLOCKS * call_outputs, POOL_MIN_BYTES)
+    return area if memory and slots + area <= POOL_SHARE * memory else 0
+
 
 _Alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 _Free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)

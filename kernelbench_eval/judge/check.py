@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelbench_eval.records import TensorMeta
+from kernelbench_eval.messages import TensorMeta
 
 
 @dataclass

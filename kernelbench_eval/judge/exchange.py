@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval.records import ExchangeInfo, Slot, TensorMeta
+from kernelbench_eval.messages import ExchangeInfo, Slot, TensorMeta
 
 ALIGN = 256  # bytes: every tensor starts on a boundary any dtype and vectorised kernel is happy with
 _IPC_HANDLE_BYTES = 64

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from kernelbench_eval.isolation import gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.judge.stats import WINDOW, Samples
-from kernelbench_eval.records import RunSettings, Slot, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import Slot, WorkerReply, WorkerRequest
+from kernelbench_eval.records import RunSettings
 
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10

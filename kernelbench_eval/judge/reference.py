@@ -23,36 +23,17 @@ from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge import conditions
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.carve import SEGMENT_ALIGN
+from kernelbench_eval.judge.carve import SEGMENT_ALIGN, pool_bytes
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
 from kernelbench_eval.judge.stats import finite, per_call_ms, rse_per_call
-from kernelbench_eval.records import (
-    Baseline,
-    CheckResult,
-    Conditions,
-    ExchangeInfo,
-    RunSettings,
-    Slot,
-    TensorMeta,
-    TimingStats,
-    WorkerRequest,
-    baseline_key,
-)
+from kernelbench_eval.messages import CheckResult, ExchangeInfo, Slot, TensorMeta, WorkerRequest
+from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key
 
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"
 SLACK_BYTES = 64 * 256  # alignment padding for the input sets' tensors in the exchange
-POOL_BLOCKS = 3  # the pool area holds this many calls' outputs: a call's intermediates land there too
-POOL_MIN_BYTES = 64 << 20
-POOL_SHARE = 0.25  # of the device's memory, at most, for the whole exchange
-
-
-def pool_bytes(slots: int, call_outputs: int, memory: int | None) -> int:
-    """The pool area's size (0: none) beside `slots` bytes of exchange, for calls of `call_outputs` bytes."""
-    area = max(POOL_BLOCKS * call_outputs, POOL_MIN_BYTES)
-    return area if memory and slots + area <= POOL_SHARE * memory else 0
 
 
 @dataclass

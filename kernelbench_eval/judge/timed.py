@@ -32,7 +32,8 @@ from kernelbench_eval.judge.stats import (
     speedup_ci,
     widened,
 )
-from kernelbench_eval.records import Slot, Timing, TimingStats, WorkerRequest
+from kernelbench_eval.messages import Slot, WorkerRequest
+from kernelbench_eval.records import Timing, TimingStats
 
 
 class _WrongOutput(Exception):

@@ -22,7 +22,8 @@ from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.records import Device, KernelCount, KernelRow, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.records import Device, KernelCount, KernelRow
 
 
 class ModelProfile(BaseModel):

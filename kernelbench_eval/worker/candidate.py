@@ -17,7 +17,7 @@ from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange, slot_bytes
 from kernelbench_eval.judge.measure import block_calls
-from kernelbench_eval.records import Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory, fits
 
 

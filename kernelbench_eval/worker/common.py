@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kernelbench_eval.records import Slot, TensorMeta
+from kernelbench_eval.messages import Slot, TensorMeta
 
 
 def _torch() -> Any:

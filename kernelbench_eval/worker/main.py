@@ -25,7 +25,7 @@ from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
-from kernelbench_eval.records import Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.candidate import CandidateOps
 from kernelbench_eval.worker.common import _device_name, _memory_bytes, _meta, _one_line, _torch
 from kernelbench_eval.worker.reference import ReferenceOps

@@ -17,7 +17,7 @@ from kernelbench_eval.judge import timing
 from kernelbench_eval.judge.check import compare_outputs, degenerate_outputs
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_inputs
-from kernelbench_eval.records import CheckResult, Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import CheckResult, Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _describe, _meta, _nbytes, _sync, _torch, as_list
 
 
