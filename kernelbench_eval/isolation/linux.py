@@ -90,6 +90,14 @@ def environments() -> Iterator[tuple[int, bytes]]:
         yield int(entry.name), environ
 
 
+def threads(pid: int | str = "self") -> list[int]:
+    """The thread ids of `pid` (this process by default); empty when it is gone."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 def exists(pid: int) -> bool:
     """Whether a process with this pid exists (any user's; a reused pid counts)."""
     return Path(f"/proc/{pid}").exists()

@@ -34,7 +34,7 @@ KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giv
 ALLOWED_VARS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
                           "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
                           "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME",
-                          "KBEVAL_LOG_CAP", "KBEVAL_FORKSERVER",
+                          "KBEVAL_LOG_CAP", "KBEVAL_FORKSERVER", "KBEVAL_CPUS",
                           "KBEVAL_LOCK_WAIT", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
                           "VIRTUAL_ENV", "CONDA_PREFIX"})
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "NCCL_", "CUDNN_", "NVCC_")

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelbench_eval.isolation.linux import threads
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.judge.stats import per_call_ms, ratio_ci
 
@@ -81,12 +82,6 @@ def snapshot(pid: int) -> dict[int, Sched]:
     found = {tid: sched_of(tid) for tid in threads(pid)}
     return {tid: s for tid, s in found.items() if s is not None}
 
-
-def threads(pid: int) -> list[int]:
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
 
 
 def _state(pid: int, tid: int) -> str:

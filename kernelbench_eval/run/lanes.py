@@ -22,6 +22,7 @@ import torch
 from kernelbench_eval.build.compile import Compiled, compile_candidate
 from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
+from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation import gpus as gpu_env
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
@@ -170,7 +171,10 @@ class LocalBackend:
         return compile_candidate(cand, device, cache_dir, log, timeout, warm)
 
     def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]:
-        return [EvalLane(spec, config) for spec in lane_specs(config.settings.device, gpus, count)]
+        specs = lane_specs(config.settings.device, gpus, count)
+        if config.settings.device == "cuda":  # the timed processes on cores no build shares (`cores`)
+            cores.reserve([spec.env for spec in specs])
+        return [EvalLane(spec, config) for spec in specs]
 
     def close(self) -> None:
         pass

@@ -25,7 +25,7 @@ from kernelbench_eval.build.compile import BuildTampered, Compiled
 from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChanged, discover
 from kernelbench_eval.discover.guard import References
-from kernelbench_eval.isolation import private, sandbox
+from kernelbench_eval.isolation import cores, private, sandbox
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.isolation.process import prestart
 from kernelbench_eval.judge import baselines
@@ -227,10 +227,10 @@ class _Session:
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
         """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
         jobs = max(1, self.opts.jobs)
-        os.environ.setdefault("MAX_JOBS", str(build_parallelism(jobs, len(runnable))))  # ninja inside each build
         config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.timeout,
                             self.opts.compile_timeout)
-        lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)
+        lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)  # may keep cores from the builds
+        os.environ.setdefault("MAX_JOBS", str(build_parallelism(jobs, len(runnable))))  # ninja inside each build
         work = [schedule.LaneJobs(partial(self._evaluate, lane), lane.holds, partial(self._prepare, lane),
                                   partial(_near, lane)) for lane in lanes]
         try:
@@ -371,7 +371,7 @@ def build_parallelism(jobs: int, builds: int) -> int:
     """ninja's jobs inside one build: the cores not taken by other builds, at least 2 (a CUDA build has two
     translation units, main.cpp and cuda.cu, that should compile side by side, not one after the other)."""
     at_once = max(1, min(jobs, builds))
-    return max(2, (os.cpu_count() or 1) // at_once)
+    return max(2, cores.build_cores() // at_once)
 
 
 def _near(lane: LaneHandle, cand: Candidate, built: _Built) -> bool:

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval.isolation import sandbox  # timing binds the clocks before candidate code is imported
+from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent
 from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
@@ -234,6 +234,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def main() -> None:
     die_with_parent()  # no candidate outlives the harness, even one SIGKILLed
+    cores.pin_self()  # a lane's cores or the builds', before any thread of torch's or the candidate's starts
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
     reply_fd = parser.parse_args().reply_fd

@@ -1,0 +1,56 @@
+"""Cores kept for the lanes on a GPU host (`isolation/cores.py`): how they are split, that the harness and its
+lanes' environments take them, and that a worker, forked or cold, pins itself to what its environment names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernelbench_eval.isolation import cores, forkserver
+from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.messages import WorkerRequest
+
+
+def test_a_core_per_lane_and_one_for_the_harness_where_there_are_cores_to_spare():
+    assert cores.split(1, range(4)) is None  # a small box: builds and timing take turns anyway
+    lanes, builds = cores.split(1, range(16))
+    assert lanes == {14, 15} and builds == set(range(14))
+    lanes, builds = cores.split(8, range(16))
+    assert len(lanes) == 4 and not lanes & builds and lanes | builds == set(range(16))  # at most a quarter
+    assert cores.split(0, range(16)) is None
+
+
+def test_the_variable_round_trips_and_nonsense_is_ignored():
+    assert cores.parse(cores.env_value({3, 1, 2})) == {1, 2, 3}
+    assert cores.parse("") is None and cores.parse("1,x") is None
+    assert cores.pin_self({}) is None and cores.pin_self({cores.ENV: "nonsense"}) is None
+
+
+def test_reserving_names_the_lanes_cores_and_moves_the_harness_there(monkeypatch: pytest.MonkeyPatch):
+    moved: dict[int, frozenset[int]] = {}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda tid, cpus: moved.__setitem__(tid, frozenset(cpus)))
+    lane_envs, environ = [{}, {}], {}
+    lanes, builds = cores.reserve(lane_envs, environ)
+    assert all(cores.parse(env[cores.ENV]) == lanes for env in lane_envs) and len(lanes) == 3
+    assert cores.parse(environ[cores.ENV]) == builds and cores.build_cores(environ) == 13
+    assert set(moved) == set(cores.threads()) and set(moved.values()) == {lanes}  # every thread of the harness
+
+
+def test_nothing_is_reserved_on_a_small_box(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    lane_envs, environ = [{}], {}
+    assert cores.reserve(lane_envs, environ) is None and lane_envs == [{}] and environ == {}
+    assert cores.build_cores(environ) == os.cpu_count()
+
+
+@pytest.mark.parametrize("forking", ["1", "0"])
+def test_a_worker_pins_itself_to_the_cores_its_environment_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 forking: str):
+    monkeypatch.setenv(forkserver.SWITCH_VAR, forking)
+    one = min(os.sched_getaffinity(0))
+    with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}) as worker:
+        worker.call(WorkerRequest(op="export", calls=[]), 60)  # it has started and answered
+        assert os.sched_getaffinity(worker.proc.pid) == {one}
