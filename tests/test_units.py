@@ -291,15 +291,21 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
     from kernelbench_eval.isolation.forkclient import TOKEN_VAR
     from kernelbench_eval.isolation.process import _kill_marked
 
-    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={TOKEN_VAR: "unit-test-token", "PATH": "/usr/bin:/bin"})
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                 env={TOKEN_VAR: "another-token", "PATH": "/usr/bin:/bin"})
+    def sleeper(token: str) -> subprocess.Popen[bytes]:
+        """A process carrying `token` that has said it is up (nothing here depends on how fast it starts)."""
+        proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                                env={TOKEN_VAR: token, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        return proc
+
+    stray, bystander = sleeper("unit-test-token"), sleeper("another-token")
     try:
         _kill_marked("unit-test-token")
-        assert stray.wait(timeout=10) == -9
+        assert stray.wait(timeout=300) == -9  # SIGKILL'd; the bound only keeps a broken kill from hanging CI
         assert bystander.poll() is None
     finally:
-        stray.kill()
-        bystander.kill()
-        bystander.wait()
+        for proc in (stray, bystander):
+            proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
