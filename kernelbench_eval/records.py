@@ -171,7 +171,7 @@ class RunManifest(BaseModel):
 
     run_id: str
     settings: RunSettings
-    problems_dir: str  # absolute, so a resume works from any folder (older runs: see pipeline.manifest_dirs)
+    problems_dir: str  # absolute, so a resume works from any folder (older runs: see run.setup.manifest_dirs)
     candidates_dir: str
     only: list[str] | None = None  # `--problem` filter: a resume judges the same problems
     torch_version: str

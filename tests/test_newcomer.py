@@ -26,8 +26,8 @@ from kernelbench_eval.discover.corpus import Problem, merged_smoke_dims, sha256_
 from kernelbench_eval.records import RunManifest, RunSettings, Verdict
 from kernelbench_eval.results.display import verdict_table
 from kernelbench_eval.results.record import seal_manifest
-from kernelbench_eval.run.pipeline import manifest_dirs
 from kernelbench_eval.run.plan import Plan
+from kernelbench_eval.run.setup import manifest_dirs
 
 FAST = ("--device", "cpu", "--no-compile-baseline", "--trials", "1", "--reps", "10", "--timing-budget", "1")
 

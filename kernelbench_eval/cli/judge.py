@@ -23,8 +23,9 @@ from kernelbench_eval.discover.corpus import Discovery, Problem, make_candidate,
 from kernelbench_eval.isolation import gpus as gpu_list
 from kernelbench_eval.results.display import print_log_tail, print_verdict_detail, status_counts, verdict_table
 from kernelbench_eval.results.report import fast_p_text, write_default_reports
-from kernelbench_eval.run.pipeline import RunOptions, RunResult, run
+from kernelbench_eval.run.pipeline import run
 from kernelbench_eval.run.plan import plan_run
+from kernelbench_eval.run.setup import RunOptions, RunResult
 
 
 @judging_options()

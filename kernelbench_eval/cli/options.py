@@ -26,8 +26,8 @@ import typer
 
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.records import RunSettings
-from kernelbench_eval.run.pipeline import RunOptions, default_cache_dir
 from kernelbench_eval.run.plan import build_settings, precision_settings
+from kernelbench_eval.run.setup import RunOptions, default_cache_dir
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]

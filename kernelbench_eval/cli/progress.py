@@ -56,7 +56,7 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self.bar.__exit__(None, None, None)
 
-    def observe(self, backend):  # a pipeline.Backend in, one out
+    def observe(self, backend):  # a run.setup.Backend in, one out
         return _ObservedBackend(backend, self)
 
     def verdict(self, verdict: Verdict) -> None:

@@ -4,7 +4,7 @@ Compiles run `jobs` wide (each one a separate process); each evaluation lane (on
 candidate at a time, taking the next one the moment its compile is done (`schedule`). On the CPU,
 evaluation waits for all compiles, since compilers and a CPU timer would fight for the same cores. The
 backend decides where compiles and lanes run: here (`lanes.LocalBackend`) or on a Ray cluster
-(`ray_backend`); verdicts are recorded here, as they arrive, either way.
+(`cluster.RayBackend`); verdicts are recorded here, as they arrive, either way.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -29,121 +26,13 @@ from kernelbench_eval.isolation import cores, private, sandbox
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.isolation.process import prestart
 from kernelbench_eval.judge import baselines
-from kernelbench_eval.judge.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.records import Findings, RunManifest, RunSettings, Verdict
+from kernelbench_eval.records import Findings, RunManifest, Verdict
 from kernelbench_eval.results.aggregates import verdict_context
-from kernelbench_eval.results.record import RunRecorder, check_manifest, seal_manifest
+from kernelbench_eval.results.record import RunRecorder
 from kernelbench_eval.run import schedule
 from kernelbench_eval.run.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
-
-
-@dataclass
-class RunOptions:
-    problems_dir: Path
-    candidates_dir: Path
-    results_dir: Path
-    settings: RunSettings
-    run_id: str | None = None
-    resume: Path | None = None
-    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
-    timeout: float = 300.0
-    compile_timeout: float = 600.0
-    cache_dir: Path = field(default_factory=lambda: default_cache_dir())
-    only: list[str] | None = None
-    baselines: Path | None = None  # default: <results_dir>/baselines.json
-    gpus: list[str] | None = None  # one evaluation lane each (CUDA_VISIBLE_DEVICES values); default: all visible
-    lanes: int | None = None  # at most this many lanes (on the CPU: this many CPU lanes)
-    backend: str = "local"  # or "ray"
-    ray_address: str | None = None  # an existing cluster; default: a local Ray instance
-    ray_build_resource: str | None = None  # Ray: compile only on nodes declaring this custom resource
-    ray_judge_resource: str | None = None  # Ray: lanes only on nodes declaring this custom resource
-    observe: Callable[[Backend], Backend] | None = None  # wraps the backend to watch compiles and lanes (progress)
-
-    def baselines_path(self) -> Path:
-        if self.baselines:
-            return self.baselines
-        return (self.resume.parent if self.resume else self.results_dir) / BASELINES_FILE
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    verdicts: list[Verdict]
-    warnings: list[str]
-    reused: int
-
-
-Listener = Callable[[Verdict], None]  # called with each verdict the moment it is recorded
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("KBEVAL_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kernelbench-eval"
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def open_run(opts: RunOptions) -> tuple[RunRecorder, RunManifest]:
-    """A new run directory with fresh secret seeds, or the manifest of the run being resumed."""
-    if opts.resume:
-        manifest = read_manifest(opts.resume)
-        check_manifest(opts.cache_dir, opts.resume, manifest)
-        return RunRecorder(opts.resume), manifest
-    run_id = opts.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{opts.settings.device}"
-    run_dir = opts.results_dir / run_id
-    if (run_dir / "run.json").exists():
-        raise FileExistsError(f"{run_dir}: run exists; use --resume {run_dir} to continue it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = RunManifest(
-        run_id=run_id,
-        settings=opts.settings,
-        problems_dir=str(opts.problems_dir.resolve()),  # absolute: a resume may start from any folder
-        candidates_dir=str(opts.candidates_dir.resolve()),
-        only=opts.only,
-        torch_version=torch.__version__,
-        created_at=_now(),
-    )
-    recorder = RunRecorder(run_dir)
-    recorder.write_manifest(manifest)
-    seal_manifest(opts.cache_dir, run_dir)
-    return recorder, manifest
-
-
-def read_manifest(run_dir: Path) -> RunManifest:
-    """The manifest of a run to resume; a missing or unreadable one is a one-line error (FileNotFoundError)."""
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: run folder not found")
-    try:
-        manifest = RunRecorder(run_dir).read_manifest()
-    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        raise FileNotFoundError(f"{run_dir / 'run.json'}: unreadable run manifest ({type(exc).__name__})") from exc
-    if manifest is None:
-        raise FileNotFoundError(f"{run_dir}: no run.json, so this is not a run directory to resume")
-    return manifest
-
-
-def manifest_dirs(manifest: RunManifest, run_dir: Path) -> tuple[Path, Path]:
-    """The run's problems and candidates folders, whatever the current folder.
-
-    New manifests hold absolute paths. Older ones hold the paths as typed: each is tried against the current
-    folder (what those versions did), then against the folder holding the results folder (RUN_DIR/../..),
-    where a run with the default `--out results` was started. Neither existing is one error line.
-    """
-    found = []
-    for kind, text in (("problems", manifest.problems_dir), ("candidates", manifest.candidates_dir)):
-        path = Path(text)
-        tries = [path] if path.is_absolute() else [path.absolute(), (run_dir.absolute().parent.parent / path)]
-        hit = next((p for p in tries if p.is_dir()), None)
-        if hit is None:
-            raise FileNotFoundError(f"{run_dir / 'run.json'}: {kind} folder {text!r} not found (looked in "
-                                    f"{' and '.join(str(p) for p in tries)})")
-        found.append(hit)
-    return found[0], found[1]
+from kernelbench_eval.run.setup import Backend, Listener, RunOptions, RunResult, manifest_dirs, now_utc, open_run
 
 
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:
@@ -183,17 +72,6 @@ def _backend(opts: RunOptions) -> Backend:
 
         return RayBackend(opts.ray_address, opts.cache_dir, opts.ray_build_resource, opts.ray_judge_resource)
     raise ValueError(f"unknown backend {opts.backend!r} (local or ray)")
-
-
-class Backend(Protocol):
-    name: str
-
-    def compile(self, cand: Candidate, device: str, cache_dir: Path, log: Path, timeout: float,
-                warm: WarmupSpec | None = None) -> Compiled: ...
-
-    def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -359,7 +237,7 @@ class _Session:
             trials=self.manifest.settings.trials,
             log=rel_log,
             wall_seconds=round(seconds, 3),
-            finished_at=_now(),
+            finished_at=now_utc(),
             **findings.model_dump(),
         )
         self.recorder.append(verdict)
@@ -409,7 +287,3 @@ class _Activity:
     def snapshot(self) -> tuple[int, int]:
         with self._lock:
             return self.started, self.running
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

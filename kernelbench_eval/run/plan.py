@@ -24,7 +24,7 @@ from kernelbench_eval.judge.precision import PRECISIONS, TOLERANCE_PRESETS
 from kernelbench_eval.judge.precision import tolerance as preset_tolerance
 from kernelbench_eval.records import RunSettings, Verdict
 from kernelbench_eval.results.record import RunRecorder
-from kernelbench_eval.run.pipeline import manifest_dirs, read_manifest, resolve_device
+from kernelbench_eval.run.setup import manifest_dirs, read_manifest, resolve_device
 
 # What --smoke lowers, and the values otherwise (RunSettings' own defaults); an option typed explicitly wins
 # over both.

@@ -17,7 +17,8 @@ from pathlib import Path
 from kernelbench_eval.discover.corpus import Candidate, Discovery, Problem, make_candidate
 from kernelbench_eval.records import RunSettings, Verdict
 from kernelbench_eval.results.formatting import number
-from kernelbench_eval.run.pipeline import RunOptions, run
+from kernelbench_eval.run.pipeline import run
+from kernelbench_eval.run.setup import RunOptions
 
 CANDIDATE_ID = "selftest_copy"
 CONFIDENCE = 0.95  # what each verdict's interval claims
