@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,11 @@ from kernelbench_eval.judge.stats import Samples
 from kernelbench_eval.statuses import Status
 
 Device = Literal["cpu", "cuda"]
+
+
+def now_utc() -> str:
+    """The time stamp every record carries (`created_at`, `measured_at`, `finished_at`): UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class TimingStats(BaseModel):

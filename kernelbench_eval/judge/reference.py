@@ -14,7 +14,6 @@ import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, me
 from kernelbench_eval.judge.refguard import Sched, snapshot
 from kernelbench_eval.judge.stats import finite, per_call_ms, rse_per_call
 from kernelbench_eval.messages import CheckResult, ExchangeInfo, Slot, TensorMeta, WorkerRequest
-from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key
+from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key, now_utc
 
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"
@@ -247,7 +246,7 @@ class ReferenceSide:
         baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
                             device_name=self.device_name or "", torch_version=torch.__version__,
                             timing_key=self.settings.timing_key(), eager=TimingStats.from_samples(eager),
-                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=_now(), conditions=found)
+                            eager_samples=eager, compile_mode=COMPILE_MODE, measured_at=now_utc(), conditions=found)
         self._measure_compiled(baseline)
         if baseline.compiled_samples:
             found.compiled_rse = finite(rse_per_call(baseline.compiled_samples))
@@ -294,7 +293,3 @@ def describe_problem(problem: Problem, dims: dict[str, int | float], timeout: fl
         except WorkerFailure as failure:
             return [], failure.message
         return reply.input_shapes, None
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

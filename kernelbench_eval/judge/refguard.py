@@ -83,7 +83,6 @@ def snapshot(pid: int) -> dict[int, Sched]:
     return {tid: s for tid, s in found.items() if s is not None}
 
 
-
 def _state(pid: int, tid: int) -> str:
     try:
         return Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -27,12 +27,12 @@ from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.isolation.process import prestart
 from kernelbench_eval.judge import baselines
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.records import Findings, RunManifest, Verdict
+from kernelbench_eval.records import Findings, RunManifest, Verdict, now_utc
 from kernelbench_eval.results.aggregates import verdict_context
 from kernelbench_eval.results.record import RunRecorder
 from kernelbench_eval.run import schedule
 from kernelbench_eval.run.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
-from kernelbench_eval.run.setup import Backend, Listener, RunOptions, RunResult, manifest_dirs, now_utc, open_run
+from kernelbench_eval.run.setup import Backend, Listener, RunOptions, RunResult, manifest_dirs, open_run
 
 
 def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discovery | None = None) -> RunResult:

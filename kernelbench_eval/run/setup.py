@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from kernelbench_eval.judge.baselines import FILE_NAME as BASELINES_FILE
-from kernelbench_eval.records import RunManifest, RunSettings, Verdict
+from kernelbench_eval.records import RunManifest, RunSettings, Verdict, now_utc
 from kernelbench_eval.results.record import RunRecorder, check_manifest, seal_manifest
 
 if TYPE_CHECKING:  # only `Backend`'s signatures name them
@@ -145,7 +145,3 @@ class Backend(Protocol):
     def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]: ...
 
     def close(self) -> None: ...
-
-
-def now_utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
