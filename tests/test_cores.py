@@ -13,6 +13,12 @@ from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.messages import WorkerRequest
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test is a process that has reserved nothing yet (`cores` remembers the cores it started with)."""
+    monkeypatch.setattr(cores, "_started_on", None)
+
+
 def test_a_core_per_lane_and_one_for_the_harness_where_there_are_cores_to_spare():
     assert cores.split(1, range(4)) is None  # a small box: builds and timing take turns anyway
     lanes, builds = cores.split(1, range(16))
@@ -54,3 +60,17 @@ def test_a_worker_pins_itself_to_the_cores_its_environment_names(tmp_path: Path,
     with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}) as worker:
         worker.call(WorkerRequest(op="export", calls=[]), 60)  # it has started and answered
         assert os.sched_getaffinity(worker.proc.pid) == {one}
+
+
+def test_a_second_run_in_one_process_splits_the_cores_it_started_with(monkeypatch: pytest.MonkeyPatch):
+    """A library user calls `pipeline.run` again and again (an RL loop): the first reservation moved the harness
+    onto the lanes' cores, so a second split of what it runs on now would find too few cores, give the lanes no
+    cores of their own, and leave them the builds' (inherited from this process's environment)."""
+    where = {"cpus": frozenset(range(16))}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(where["cpus"]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda tid, cpus: where.__setitem__("cpus", frozenset(cpus)))
+    environ: dict[str, str] = {}
+    first = cores.reserve([{}], environ)
+    lane_env: dict[str, str] = {}
+    assert cores.reserve([lane_env], environ) == first and first is not None
+    assert cores.parse(lane_env[cores.ENV]) == first[0] and cores.parse(environ[cores.ENV]) == first[1]

@@ -22,6 +22,7 @@ from kernelbench_eval.isolation.linux import threads
 
 ENV = "KBEVAL_CPUS"
 MIN_CPUS = 8
+_started_on: frozenset[int] | None = None  # this process's cores before its first reservation narrowed them
 
 
 def split(lanes: int, cpus: Iterable[int]) -> tuple[frozenset[int], frozenset[int]] | None:
@@ -50,8 +51,12 @@ def reserve(lane_envs: list[dict[str, str]], environ: os._Environ[str] | dict[st
             ) -> tuple[frozenset[int], frozenset[int]] | None:
     """Split this process's cores between the lanes and the builds (`split`): each lane's environment names the
     lanes' cores, this process's environment (which builds inherit) the builds', and every thread of this
-    process (the harness, whose lane threads hold the wall clocks) moves onto the lanes'. None: not split."""
-    kept = split(len(lane_envs), os.sched_getaffinity(0))
+    process (the harness, whose lane threads hold the wall clocks) moves onto the lanes'. None: not split.
+    A later run in the same process splits the cores this one started with, not the lanes' it now runs on."""
+    global _started_on
+    if _started_on is None:
+        _started_on = frozenset(os.sched_getaffinity(0))
+    kept = split(len(lane_envs), _started_on)
     if kept is None:
         return None
     lanes, builds = kept
