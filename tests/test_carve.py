@@ -78,21 +78,24 @@ def test_the_keeper_leaves_outputs_in_the_pool_area_and_copies_the_rest(tmp_path
     worker, exchange, layout = _worker(tmp_path)
     pooled = exchange.buffer[1 << 15:(1 << 15) + 64].view(torch.float32)
     pooled.copy_(torch.arange(16.0))
-    worker.exchange_keeper(layout[:1], first=0)(0, pooled)
+    metas = worker.exchange_keeper(layout[:1], first=0)(0, pooled)()
     assert worker.placed[0][0].offset == 1 << 15 and worker.held[0][0] is pooled  # no copy, kept alive
+    assert metas[0].shape == [16]
     elsewhere = torch.arange(16.0) + 1
-    worker.exchange_keeper(layout[1:], first=1)(0, elsewhere)
-    assert worker.placed[1] == layout[1] and torch.equal(exchange.view(layout[1][0]), elsewhere)  # copied
+    finish = worker.exchange_keeper(layout[1:], first=1)(0, elsewhere)
+    assert worker.placed[1] == layout[1] and not torch.equal(exchange.view(layout[1][0]), elsewhere)
+    finish()  # the copy waits until the device is idle (the keeper's first half may run while it computes)
+    assert torch.equal(exchange.view(layout[1][0]), elsewhere)  # copied
     exchange.close()
 
 
 def test_the_keeper_copies_views_and_outputs_of_blocks_of_several_calls(tmp_path, one_call_blocks):
     worker, exchange, layout = _worker(tmp_path)
     region = exchange.buffer[1 << 15:(1 << 15) + 128].view(torch.float32)
-    worker.exchange_keeper(layout[:1], first=0)(0, region[::2])  # not contiguous
+    worker.exchange_keeper(layout[:1], first=0)(0, region[::2])()  # not contiguous
     assert worker.placed[0] == layout[0]
     measure.KEPT_BYTES = 1 << 20  # (undone by the fixture) 64-byte outputs: ten calls to a block
-    worker.exchange_keeper(layout[:1], first=0)(0, region[:16])
+    worker.exchange_keeper(layout[:1], first=0)(0, region[:16])()
     assert worker.placed[0] == layout[0] and worker.held[0] == []  # a later call could write over it: copied
     assert torch.equal(exchange.view(layout[0][0]), region[:16])
     exchange.close()

@@ -17,6 +17,7 @@ from kernelbench_eval.messages import WorkerRequest
 def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test is a process that has reserved nothing yet (`cores` remembers the cores it started with)."""
     monkeypatch.setattr(cores, "_started_on", None)
+    monkeypatch.setattr(cores, "_one_lane", False)
 
 
 def test_a_core_per_lane_and_one_for_the_harness_where_there_are_cores_to_spare():
@@ -74,3 +75,19 @@ def test_a_second_run_in_one_process_splits_the_cores_it_started_with(monkeypatc
     lane_env: dict[str, str] = {}
     assert cores.reserve([lane_env], environ) == first and first is not None
     assert cores.parse(lane_env[cores.ENV]) == first[0] and cores.parse(environ[cores.ENV]) == first[1]
+
+
+def test_the_harness_polls_only_where_one_lanes_cores_are_kept(monkeypatch: pytest.MonkeyPatch):
+    """Polling keeps the harness's core busy while a call runs: its own core with one lane, not with several
+    (their lane threads would crowd the timed workers), and not on a small box, where nothing is kept."""
+    monkeypatch.setattr(os, "sched_setaffinity", lambda tid, cpus: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert not cores.harness_may_poll()
+    cores.reserve([{}], {})
+    assert cores.harness_may_poll()
+    cores.reserve([{}, {}], {})
+    assert not cores.harness_may_poll()
+    monkeypatch.setattr(cores, "_started_on", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cores.reserve([{}], {})
+    assert not cores.harness_may_poll()

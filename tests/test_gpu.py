@@ -48,6 +48,41 @@ def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
     assert l2_flush_buffer() is l2_flush_buffer()  # made once per process
 
 
+def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_computes(monkeypatch):
+    """The keeper's first half (host work) runs before the device-wide synchronise only for calls of EARLY_MS or
+    more, where the device is still busy; a short call's waits, so its device-wide time gets no host time."""
+    from kernelbench_eval.judge import timing
+    from kernelbench_eval.judge.timing import EARLY_MS, Rotation, time_block
+
+    monkeypatch.setattr(timing, "_LAST_MS", {})  # keyed by id(): a dead model's entry could match a new one
+    monkeypatch.setattr(timing, "_LATE", set())
+
+    busy_when_described: list[bool] = []
+
+    def keeper(call: int, out: object):  # noqa: ANN202
+        busy_when_described.append(not torch.cuda.current_stream().query())
+        return lambda: [out]
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(40):  # several milliseconds of work
+            x = torch.tanh(x @ x)
+        return x
+
+    def fast(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    rotation = Rotation([[torch.randn(2048, 2048, device="cuda") / 64]])
+    block = time_block(slow, rotation, [(0, 1.0, seed) for seed in range(3)], "cuda", keeper=keeper)
+    assert min(block.event_ms) > EARLY_MS
+    assert busy_when_described == [False, True, True]  # the first call's time was not known yet
+    busy_when_described.clear()
+    small = Rotation([[torch.randn(256, device="cuda")]])
+    block = time_block(fast, small, [(0, 1.0, seed) for seed in range(3)], "cuda", keeper=keeper)
+    assert busy_when_described == [False, False, False]
+    for kept, seed in zip(block.kept, range(3), strict=True):
+        assert torch.equal(kept[0], Rotation(small.bases).fill(0, 1.0, seed)[0] * 2)
+
+
 def test_graph_replay_times_capturable_models_and_falls_back_for_others():
     from kernelbench_eval.judge.timing import Rotation, capture_graph, time_block
 

@@ -146,10 +146,12 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.requests: list = []
+        self.polls: list[float] = []
         self.proc = None
 
-    def call(self, req, timeout):  # noqa: ANN001, ANN201 (a WorkerProcess stand-in)
+    def call(self, req, timeout, poll=0.0):  # noqa: ANN001, ANN201 (a WorkerProcess stand-in)
         self.requests.append(req)
+        self.polls.append(poll)
         return WorkerReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
 
 
@@ -160,10 +162,10 @@ class _Slow(_Recorder):
         super().__init__()
         self.seconds = seconds
 
-    def call(self, req, timeout):  # noqa: ANN001, ANN201
+    def call(self, req, timeout, poll=0.0):  # noqa: ANN001, ANN201
         if req.schedule:
             time.sleep(self.seconds)
-        return super().call(req, timeout)
+        return super().call(req, timeout, poll)
 
 
 def test_workers_are_sent_one_call_at_a_time():
@@ -174,6 +176,19 @@ def test_workers_are_sent_one_call_at_a_time():
     assert result.blocks == 3 and len(timed) == 30
     assert all(len(r.schedule) == 1 for r in timed)
     assert [r.first for r in timed[:10]] == list(range(10))  # where each call goes in its block's kept outputs
+    assert set(worker.polls) == {0.0}  # no lane's cores kept here: the harness sleeps on the pipe
+
+
+def test_timed_calls_are_awaited_by_polling_where_the_harness_has_its_own_core(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(measure_module.cores, "harness_may_poll", lambda: True)
+    worker = _Recorder()
+    settings = RunSettings(device="cuda", reps=10, max_reps=10, timing_budget=60, warmup=1)
+    measure([TimedModel(worker)], ["a"], settings, Deadline(60), calls_per_block=10)  # type: ignore[arg-type]
+    polls = dict(zip((bool(r.schedule) for r in worker.requests), worker.polls, strict=True))
+    assert polls == {False: 0.0, True: measure_module.POLL_S}  # the warm-up sleeps, every timed call polls
+    worker = _Recorder()
+    measure([TimedModel(worker)], ["a"], settings.model_copy(update={"device": "cpu"}), Deadline(60), 10)  # type: ignore[arg-type]
+    assert set(worker.polls) == {0.0}  # on the CPU, a polling harness would take the timed model's core
 
 
 

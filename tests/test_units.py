@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 import torch
 
@@ -309,3 +313,20 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
             proc.wait()
             assert proc.stdout is not None
             proc.stdout.close()
+
+
+def test_a_woken_worker_polls_for_its_timed_call_and_stops_once_it_is_there(monkeypatch: pytest.MonkeyPatch):
+    """After an `export` (the harness waking a candidate right before its timed call) the worker polls its stdin
+    instead of sleeping on it; it stops as soon as a request is there, or after the time it was given."""
+    from kernelbench_eval.worker import main as worker_main
+
+    read, write = os.pipe()
+    with os.fdopen(read) as stdin, os.fdopen(write, "w") as harness:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        harness.write('{"op": "time"}\n')
+        harness.flush()
+        started = time.monotonic()
+        worker_main._await_request(120)
+        assert time.monotonic() - started < 60  # it saw the request, not the end of its 120 s
+        assert stdin.readline().startswith('{"op"')
+        worker_main._await_request(0.01)  # nothing comes: it returns (and the worker then sleeps on the pipe)

@@ -23,6 +23,7 @@ from kernelbench_eval.isolation.linux import threads
 ENV = "KBEVAL_CPUS"
 MIN_CPUS = 8
 _started_on: frozenset[int] | None = None  # this process's cores before its first reservation narrowed them
+_one_lane = False  # the last reservation kept cores for one lane: the harness's core is then its own
 
 
 def split(lanes: int, cpus: Iterable[int]) -> tuple[frozenset[int], frozenset[int]] | None:
@@ -53,10 +54,11 @@ def reserve(lane_envs: list[dict[str, str]], environ: os._Environ[str] | dict[st
     lanes' cores, this process's environment (which builds inherit) the builds', and every thread of this
     process (the harness, whose lane threads hold the wall clocks) moves onto the lanes'. None: not split.
     A later run in the same process splits the cores this one started with, not the lanes' it now runs on."""
-    global _started_on
+    global _started_on, _one_lane
     if _started_on is None:
         _started_on = frozenset(os.sched_getaffinity(0))
     kept = split(len(lane_envs), _started_on)
+    _one_lane = kept is not None and len(lane_envs) == 1
     if kept is None:
         return None
     lanes, builds = kept
@@ -87,3 +89,9 @@ def pin_self(environ: os._Environ[str] | dict[str, str] = os.environ) -> frozens
     except OSError:
         return None
     return cpus
+
+
+def harness_may_poll() -> bool:
+    """Whether the harness may wait for a timed call's reply by polling (a core busy meanwhile): only where one
+    lane's cores are kept, its own core among them. With more lanes, their waits would crowd the timed workers."""
+    return _one_lane

@@ -131,18 +131,19 @@ class WorkerProcess:
             start_new_session=True,
         )
 
-    def request(self, req: WorkerRequest, timeout: float) -> WorkerReply:
-        """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit."""
+    def request(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
+        """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit.
+        `poll`: seconds to wait by polling before sleeping (a timed call, where waking up is part of its wall)."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write((req.model_dump_json() + "\n").encode())
+            self.proc.stdin.write((req.model_dump_json(exclude_defaults=True) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass  # it is already gone; reading the reply below reports how it ended
         deadline = time.monotonic() + timeout
         if self.sandbox is not None and self.sandbox_record is None:
             self._read_sandbox_report(timeout)
-        line = self._read_line(max(0.0, deadline - time.monotonic()))
+        line = self._read_line(max(0.0, deadline - time.monotonic()), poll)
         try:
             return WorkerReply.model_validate_json(line)
         except ValueError as exc:
@@ -160,22 +161,24 @@ class WorkerProcess:
         self.sandbox_record = sandbox.finish(record, self._leaf is not None, self._leaf_error)
         sandbox.warn(self.sandbox_record)
 
-    def call(self, req: WorkerRequest, timeout: float) -> WorkerReply:
+    def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
         """`request`, with an error reply raised as a WorkerFailure of the reply's kind."""
-        reply = self.request(req, timeout)
+        reply = self.request(req, timeout, poll)
         if not reply.ok:
             raise WorkerFailure(reply.error_kind or "runtime_error", reply.error or "failed")
         return reply
 
-    def _read_line(self, timeout: float) -> bytes:
-        deadline = time.monotonic() + timeout
+    def _read_line(self, timeout: float, poll: float = 0.0) -> bytes:
+        now = time.monotonic()
+        deadline, polling = now + timeout, now + poll
         limit = self.time_limit or timeout
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 self.kill()
                 raise WorkerFailure("timeout", f"still running at the {limit:.0f} s limit; process group killed")
-            ready, _, _ = select.select([self._reply_fd], [], [], min(left, 1.0))
+            ready, _, _ = select.select([self._reply_fd], [], [], 0.0 if now < polling else min(left, 1.0))
             if not ready:
                 continue
             chunk = os.read(self._reply_fd, 1 << 16)

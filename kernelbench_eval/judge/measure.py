@@ -18,13 +18,16 @@ outputs during one call is impossible, and batching them is too.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import secrets
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kernelbench_eval.isolation import gpus, linux
+from kernelbench_eval.isolation import cores, gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.judge.stats import WINDOW, Samples
 from kernelbench_eval.messages import Slot, WorkerReply, WorkerRequest
@@ -35,6 +38,7 @@ BLOCK_CALLS = 10
 CPU_BLOCK_CALLS = 1  # on the CPU, the models alternate call by call: host load changes within a 10-call block
 KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
 SCALE_RANGE = (0.75, 1.25)
+POLL_S = 0.05  # a timed call's reply is awaited by polling this long (`cores.harness_may_poll`), then by sleeping
 
 
 @dataclass
@@ -123,6 +127,12 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
             calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
             ) -> Measurement:
     """Time every model, block by block in alternating order, until the stopping rule is met."""
+    with _no_full_collections():
+        return _measure(timed, input_sets, settings, deadline, calls_per_block, after_block)
+
+
+def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettings, deadline: Deadline,
+             calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None) -> Measurement:
     rng = secrets.SystemRandom()  # the schedule is the harness's secret until each block is sent
     if settings.device == "cpu":  # pairs of calls a few microseconds apart see the same host load
         calls_per_block = min(calls_per_block, CPU_BLOCK_CALLS)
@@ -134,6 +144,7 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
                                      graph=settings.cuda_graph), deadline)
     started = time.monotonic()
     blocks, schedule = 0, []
+    poll = POLL_S if settings.device == "cuda" and cores.harness_may_poll() else 0.0
     while True:
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
@@ -147,7 +158,7 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
             replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
                                                    first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1],
                                                    placement=(blocks * calls_per_block + i) // WINDOW),
-                                deadline) for i, call in enumerate(schedule)]
+                                deadline, poll) for i, call in enumerate(schedule)]
             one.last = replies
             one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
             one.ended = time.perf_counter_ns() / 1e9
@@ -159,6 +170,29 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
             return Measurement(timed, blocks, time.monotonic() - started, schedule)
 
 
+_frozen = 0  # measurements under way in this process (one per lane)
+_frozen_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_full_collections() -> Iterator[None]:
+    """While any lane measures, what this process held before is out of the collector's sight: a full collection
+    (about 0.1 s with torch loaded) inside a block lands on one model's wall clock. Young objects are still
+    collected; everything is seen again once the last lane is done."""
+    global _frozen
+    with _frozen_lock:
+        if _frozen == 0:
+            gc.freeze()
+        _frozen += 1
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen -= 1
+            if _frozen == 0:
+                gc.unfreeze()
+
+
 def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> bool:
     calls = len(timed[0].event_ms)
     if calls >= settings.max_reps:
@@ -168,8 +202,8 @@ def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> boo
     return calls >= settings.reps and all(one.event_ms.rse_per_call() <= settings.target_rse for one in timed)
 
 
-def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
-    return one.worker.call(req, deadline.left())
+def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline, poll: float = 0.0) -> WorkerReply:
+    return one.worker.call(req, deadline.left(), poll)
 
 
 def process_cpu_ms(worker: WorkerProcess) -> float:

@@ -11,6 +11,7 @@ within the exchange; the comparison itself runs in the checker.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from kernelbench_eval.judge import cudart, timing
@@ -75,20 +76,24 @@ class CandidateOps:
         (`carve`), else copied into the call's slots, keeping only what they looked like and where they lie.
         `first`: the block's call index of this request's first call."""
 
-        def keeper(call: int, out: Any) -> list[TensorMeta]:
+        def keeper(call: int, out: Any) -> Callable[[], list[TensorMeta]]:
             outs = as_list(out)
             metas = [_meta(o) for o in outs]
             index = first + call
             del self.placed[index:], self.held[index:]
             in_place = self._in_place(outs, metas, layout[call])
-            if in_place is None:
-                self._copy_in(outs, metas, layout[call])
-                self.placed.append(list(layout[call]))
-                self.held.append([])
-            else:
+            if in_place is not None:
                 self.placed.append(in_place)
                 self.held.append(outs)  # their memory must not serve a later call before the checker reads it
-            return metas
+                return lambda: metas
+            self.placed.append(list(layout[call]))
+            self.held.append([])
+
+            def copy() -> list[TensorMeta]:  # once the device is idle: work on any stream has finished
+                self._copy_in(outs, metas, layout[call])
+                return metas
+
+            return copy
 
         return keeper
 
@@ -106,7 +111,7 @@ class CandidateOps:
             spans.append((offset, offset + nbytes))
             placed.append(Slot.model_construct(offset=offset, dtype=slot.dtype, shape=slot.shape, value=None))
         self.spans += spans
-        return placed  # no wait: the call's device-wide synchronise came before its keeper
+        return placed  # no wait: the checker reads them only after the call's device-wide synchronise
 
     def op_export(self, req: WorkerRequest) -> WorkerReply:
         """What the outputs of calls `calls` of the last timed block looked like (they are in the exchange).

@@ -116,21 +116,25 @@ class ReferenceOps:
         while len(self.store) < first + calls:
             self.store.append([torch.empty_like(e) if isinstance(e, torch.Tensor) else None for e in template])
 
-        def keeper(call: int, out: Any) -> list[Any]:
+        def keeper(call: int, out: Any) -> Callable[[], list[Any]]:
             outs, slots = as_list(out), self.store[first + call]
             [_meta(o) for o in outs]  # the candidate's keeper describes its outputs too: the same host work
-            if len(slots) != len(outs):
-                slots[:] = [None] * len(outs)
-            for k, o in enumerate(outs):
-                if not isinstance(o, torch.Tensor):
-                    slots[k] = None
-                    continue
-                if slots[k] is None or slots[k].shape != o.shape or slots[k].dtype != o.dtype \
-                        or slots[k].device != o.device:
-                    slots[k] = torch.empty_like(o)
-                slots[k].copy_(o.detach())
-            _sync(self.device)  # as the candidate's keeper waits for its copies into the exchange
-            return list(slots)
+
+            def copy() -> list[Any]:
+                if len(slots) != len(outs):
+                    slots[:] = [None] * len(outs)
+                for k, o in enumerate(outs):
+                    if not isinstance(o, torch.Tensor):
+                        slots[k] = None
+                        continue
+                    if slots[k] is None or slots[k].shape != o.shape or slots[k].dtype != o.dtype \
+                            or slots[k].device != o.device:
+                        slots[k] = torch.empty_like(o)
+                    slots[k].copy_(o.detach())
+                _sync(self.device)  # as the candidate's keeper waits for its copies into the exchange
+                return list(slots)
+
+            return copy
 
         return keeper
 
