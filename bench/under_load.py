@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchdoc import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SEED_DIMS = ("batch_size=2", "height=32", "width=32", "input_size=256", "hidden_size=512", "num_groups=32")
@@ -104,18 +106,6 @@ def _by_candidate(verdicts: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or add) the section, leaving the rest of the file as it was."""
-    doc = path.read_text() if path.exists() else ""
-    start = doc.find(SECTION)
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + (doc[end + 1:] if end >= 0 else "")
-    path.write_text(doc)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -141,7 +131,7 @@ def main() -> None:
         *table(runs), "", summary(runs), ""])
     print(text)
     if args.write:
-        write_section(args.write, text)
+        write_section(args.write, SECTION, text)
 
 
 if __name__ == "__main__":

@@ -98,25 +98,27 @@ def lane_seconds(verdict: dict) -> float:
     return verdict["wall_seconds"] - (verdict.get("compile_seconds") or 0.0)
 
 
-def summarize(kb: dict, cold: dict, warm: dict, count: int) -> tuple[list[str], dict]:
+def summarize(kb: dict, cold: dict, warm: dict | None, count: int) -> tuple[list[str], dict]:
+    """The tables and the ratio lines; `warm` None: no warm run (`--no-warm`), candidates shown from the cold one."""
     lines = ["| phase | wall (s) | candidates | statuses |", "|---|---:|---:|---|"]
     kb_ok = sum(1 for r in kb["rows"] if r.get("correctness"))
     how = f"modelled from {kb['modelled_from']} measured" if kb.get("modelled_from") else f"{kb_ok} correct"
     lines.append(f"| KernelBench flow, cold (compile {kb['compile_phase_s']} s + evaluation {kb['eval_phase_s']} s) "
                  f"| {kb['total_s']:.1f} | {count} | {how} |")
-    for name, res in (("kbeval run, cold", cold), ("kbeval run, warm", warm)):
+    which = "warm" if warm else "cold"
+    for name, res in (("kbeval run, cold", cold), *((("kbeval run, warm", warm),) if warm else ())):
         statuses: dict[str, int] = {}
         for v in res["verdicts"]:
             statuses[v["status"]] = statuses.get(v["status"], 0) + 1
         lines.append(f"| {name} | {res['wall_s']:.1f} | {len(res['verdicts'])} | "
                      + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + " |")
-    per = ["", "| problem | candidate | KB eval s | KB compile s | kbeval lane s (warm) | kbeval compile s (cold) | "
-               "timed-call wall / kernel (ms) | device busy | phases (s, warm) |",
+    per = ["", f"| problem | candidate | KB eval s | KB compile s | kbeval lane s ({which}) | "
+               f"kbeval compile s (cold) | timed-call wall / kernel (ms) | device busy | phases (s, {which}) |",
            "|---|---|---:|---:|---:|---:|---|---:|---|"]
     kb_by = {(r["problem"], r["candidate"]): r for r in kb["rows"]}
     cold_by = {(v["problem"], v["candidate"]): v for v in cold["verdicts"]}
     lanes: dict[str, list[float]] = {}
-    for v in sorted(warm["verdicts"], key=lambda v: (v["problem"], v["candidate"])):
+    for v in sorted((warm or cold)["verdicts"], key=lambda v: (v["problem"], v["candidate"])):
         key = (v["problem"], v["candidate"])
         k, c, t = kb_by.get(key, {}), cold_by.get(key, {}), v.get("timing") or {}
         lanes.setdefault(v["problem"], []).append(lane_seconds(v))
@@ -129,13 +131,13 @@ def summarize(kb: dict, cold: dict, warm: dict, count: int) -> tuple[list[str], 
     p71 = [s for p, s in lanes.items() if p.startswith("71_") for s in s]
     numbers = {
         "vs_kernelbench_cold_ratio": kb["total_s"] / cold["wall_s"],
-        "vs_kernelbench_warm_ratio": kb["eval_phase_s"] / warm["wall_s"],
+        "vs_kernelbench_warm_ratio": kb["eval_phase_s"] / warm["wall_s"] if warm else float("nan"),
         "lane_seconds_per_candidate_71": statistics.median(p71) if p71 else float("nan"),
     }
     lane_medians = {p: statistics.median(s) for p, s in lanes.items()}
     kb_medians = {p: statistics.median([r["eval_wall_s"] for r in kb["rows"] if r["problem"] == p])
                   for p in lanes if any(r["problem"] == p for r in kb["rows"])}
-    notes = ["", "Median lane seconds per candidate (kbeval, warm) against KernelBench's evaluation seconds per "
+    notes = ["", f"Median lane seconds per candidate (kbeval, {which}) against KernelBench's evaluation seconds per "
                  "candidate: " + "; ".join(f"{p[:2]}: {lane_medians[p]:.1f} vs {kb_medians.get(p, float('nan')):.1f}"
                                           for p in sorted(lane_medians))]
     return lines + per + notes, numbers
@@ -176,7 +178,7 @@ def main() -> None:
         kb = run_kernelbench(args.kb, tree)
     cache = tree / "cache"
     cold = run_kbeval(tree, cache, "cold", args.jobs)
-    warm = cold if args.no_warm else run_kbeval(tree, cache, "warm", args.jobs)
+    warm = None if args.no_warm else run_kbeval(tree, cache, "warm", args.jobs)
     body, numbers = summarize(kb, cold, warm, count)
     if args.no_warm:  # only the cold ratio means anything here; the exact lines of the main section stay its own
         numbers = {f"cold_ratio_{count}_candidates": numbers["vs_kernelbench_cold_ratio"]}
@@ -191,12 +193,16 @@ def main() -> None:
               f"{count} GPU candidates of the seed corpus ({', '.join(args.problem) or 'every problem'}), real sizes. "
               f"Command: `python3 bench/vs_kernelbench.py --kb .anchors/kernelbench "
               + " ".join(f"--problem {p}" for p in args.problem) + f" --jobs {args.jobs}"
-              + (f" --copies {args.copies} --kb-from ..." if args.kb_from else "") + "`. KernelBench runs first "
-              "(its compile phase on 16 processes, then each candidate alone in a fresh process: 5 correctness "
-              "trials, 100 timed calls); then `kbeval run --device cuda` on a fresh build cache and baselines "
-              "(cold), then again on the warm cache (warm: every candidate judged anew, builds and baselines reused). "
-              "The warm ratio compares KernelBench's evaluation phase (its warm-cache cost) with kbeval's whole "
-              "warm run."]
+              + (f" --copies {args.copies}" if args.copies > 1 else "")
+              + (f" --limit {args.limit}" if args.limit else "") + (" --no-warm" if args.no_warm else "")
+              + (f" --kb-from {args.kb_from.name}" if args.kb_from else "") + "`. "
+              + ("KernelBench modelled from an earlier measured run (`--kb-from`)" if args.kb_from else
+                 "KernelBench runs first (its compile phase on 16 processes, then each candidate alone in a fresh "
+                 "process: 5 correctness trials, 100 timed calls)")
+              + "; then `kbeval run --device cuda` on a fresh build cache and baselines (cold)"
+              + ("." if args.no_warm else ", then again on the warm cache (warm: every candidate judged anew, builds "
+                 "and baselines reused). The warm ratio compares KernelBench's evaluation phase (its warm-cache cost) "
+                 "with kbeval's whole warm run.")]
     write_section(args.out_md, header, body, numbers, args.section)
     print(json.dumps(numbers), flush=True)
 

@@ -23,6 +23,12 @@ def landlock_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KBEVAL_SANDBOX_OFF", "landlock")
 
 
+def pythonpath() -> str:
+    """This checkout first, then what the caller's PYTHONPATH already named (where a machine keeps packages
+    outside site-packages, as the GPU machine does with pydantic)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def kbeval(*args: str, cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the real command line, as a user would, in a child process."""
     env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200")

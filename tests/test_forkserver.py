@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, pythonpath
 
 from kernelbench_eval.isolation import forkserver
 from kernelbench_eval.isolation.forkserver import ForkedChild
@@ -254,7 +254,7 @@ server = next(iter(forkserver._SERVERS.values()))
 print(server.proc.pid, w.proc.pid, type(w.proc).__name__, flush=True)
 time.sleep(600)
 """
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.Popen([sys.executable, "-c", harness], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
@@ -324,7 +324,7 @@ def test_a_run_starts_its_fork_server_first_and_only_once(tmp_path: Path) -> Non
     for name in ("py_honest.py", "py_wrong_shape.py"):
         (cands / name).write_bytes((FIXTURES / "candidates" / "tiny_linear_relu" / name).read_bytes())
     report = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KBEVAL_CACHE_DIR=str(tmp_path / "cache"),
+    env = dict(os.environ, PYTHONPATH=pythonpath(), KBEVAL_CACHE_DIR=str(tmp_path / "cache"),
                KBEVAL_TEST_REPORT=str(report), COLUMNS="200")
     env.pop(forkserver.SWITCH_VAR, None)
     env.pop("MAX_JOBS", None)  # the run sets it after the server started
@@ -359,7 +359,7 @@ sys.stdout.write("buffered")
 leave({code})
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=dict(os.environ, PYTHONPATH=pythonpath()))
     assert proc.returncode == status and proc.stdout == "buffered" and proc.stderr.strip() == said
     assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
 

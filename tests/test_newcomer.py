@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kbeval, read_verdicts
+from conftest import ROOT, kbeval, pythonpath, read_verdicts
 from rich.console import Console
 from test_seed_corpus_cpu import CPU_DIMS
 from typer.testing import CliRunner
@@ -74,7 +74,7 @@ def no_traceback(proc: subprocess.CompletedProcess[str]) -> bool:
 
 def kbeval_at(cwd: Path, *args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     """The command line started from another folder than the repository (conftest.kbeval runs in ROOT)."""
-    env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200", PYTHONPATH=pythonpath())
     return subprocess.run([sys.executable, "-m", "kernelbench_eval", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, kbeval
+from conftest import FIXTURES, ROOT, kbeval, pythonpath
 
 from kernelbench_eval.build import artifacts, relocate
 from kernelbench_eval.build.compile import adopt, build_lock, compile_candidate
@@ -82,7 +82,7 @@ class Cluster:
                str(100 * 1024 * 1024)] + [arg for flag in ports for arg in (flag, str(_port()))]
         cmd += (["--head", "--port", str(self.port), "--include-dashboard", "false"] if head
                 else ["--address", self.address])
-        env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), KBEVAL_TEST_NODE=token, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), KBEVAL_TEST_NODE=token, PYTHONPATH=pythonpath())
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return cache

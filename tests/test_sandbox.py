@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, pythonpath
 
 from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate
@@ -256,7 +256,7 @@ def try_primitives(tmp_path: Path, layers: list[str]) -> dict:
         time.sleep(0.3)  # the victim has made itself non-dumpable
         proc = subprocess.run([sys.executable, "-c", PRIMITIVES, str(victim.pid), str(listener.port),
                                str(udp.getsockname()[1]), str(outside), str(own), ",".join(layers)],
-                              env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+                              env=dict(os.environ, PYTHONPATH=pythonpath()), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.splitlines()[-1])
     finally:
@@ -406,7 +406,7 @@ def test_turning_layers_off_never_reaches_a_candidate(monkeypatch: pytest.Monkey
     monkeypatch.setenv(sandbox.SPEC_VAR, spec.model_dump_json())
     code = ("import os; from kernelbench_eval.isolation import sandbox; r = sandbox.enter_from_env(); "
             f"print(r is not None, {sandbox.SPEC_VAR!r} in os.environ)")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=pythonpath()),
                          capture_output=True, text=True, timeout=60).stdout
     assert out.split() == ["True", "False"]  # applied, then gone from the candidate's environment
 
