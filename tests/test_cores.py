@@ -61,6 +61,7 @@ def test_a_worker_pins_itself_to_the_cores_its_environment_names(tmp_path: Path,
     with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}) as worker:
         worker.call(WorkerRequest(op="export", calls=[]), 60)  # it has started and answered
         assert os.sched_getaffinity(worker.proc.pid) == {one}
+        assert worker.call(WorkerRequest(op="export", calls=[]), 60, poll=0.05).ok  # a reply awaited by polling
 
 
 def test_a_second_run_in_one_process_splits_the_cores_it_started_with(monkeypatch: pytest.MonkeyPatch):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import pytest
@@ -315,18 +314,18 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
             proc.stdout.close()
 
 
-def test_a_woken_worker_polls_for_its_timed_call_and_stops_once_it_is_there(monkeypatch: pytest.MonkeyPatch):
-    """After an `export` (the harness waking a candidate right before its timed call) the worker polls its stdin
-    instead of sleeping on it; it stops as soon as a request is there, or after the time it was given."""
-    from kernelbench_eval.worker import main as worker_main
+def test_polling_a_pipe_stops_once_there_is_something_to_read_or_when_its_time_is_up():
+    """`linux.poll_readable`: how a woken candidate waits for its timed call, and the harness for a timed call's
+    reply where it has a core of its own; it returns as soon as the pipe is readable, or after its time."""
+    from kernelbench_eval.isolation.linux import poll_readable
 
     read, write = os.pipe()
-    with os.fdopen(read) as stdin, os.fdopen(write, "w") as harness:
-        monkeypatch.setattr(sys, "stdin", stdin)
-        harness.write('{"op": "time"}\n')
-        harness.flush()
+    try:
+        assert not poll_readable(read, 0.01)  # nothing comes: it gives up (and the caller then sleeps on it)
+        os.write(write, b'{"op": "time"}\n')
         started = time.monotonic()
-        worker_main._await_request(120)
-        assert time.monotonic() - started < 60  # it saw the request, not the end of its 120 s
-        assert stdin.readline().startswith('{"op"')
-        worker_main._await_request(0.01)  # nothing comes: it returns (and the worker then sleeps on the pipe)
+        assert poll_readable(read, 120)
+        assert time.monotonic() - started < 60  # it saw the line, not the end of its 120 s
+    finally:
+        os.close(read)
+        os.close(write)

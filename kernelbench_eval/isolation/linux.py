@@ -1,5 +1,5 @@
-"""What the harness asks of Linux itself: `prctl` (die with your parent, keep your memory to yourself) and
-every read of `/proc` (a process's CPU time, its environment, its open files).
+"""What the harness asks of Linux itself: `prctl` (die with your parent, keep your memory to yourself),
+every read of `/proc` (a process's CPU time, its environment, its open files), and waiting on a pipe by polling.
 
 One place for both, since the harness, its fork server and every worker each use some of them, and
 `/proc/<pid>/stat` is easy to misparse (the command name may hold spaces and parentheses). On a system
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +103,13 @@ def threads(pid: int | str = "self") -> list[int]:
 def exists(pid: int) -> bool:
     """Whether a process with this pid exists (any user's; a reused pid counts)."""
     return Path(f"/proc/{pid}").exists()
+
+
+def poll_readable(fd: int, seconds: float) -> bool:
+    """Whether `fd` became readable within `seconds`, found by polling (a core kept busy meanwhile): a process
+    sleeping on a pipe takes tens of microseconds to wake, which lands inside a timed call's wall clock."""
+    end = time.monotonic() + seconds
+    while not select.select([fd], [], [], 0)[0]:
+        if time.monotonic() >= end:
+            return False
+    return True

@@ -169,16 +169,16 @@ class WorkerProcess:
         return reply
 
     def _read_line(self, timeout: float, poll: float = 0.0) -> bytes:
-        now = time.monotonic()
-        deadline, polling = now + timeout, now + poll
+        deadline = time.monotonic() + timeout
         limit = self.time_limit or timeout
+        if poll and b"\n" not in self._buffer:
+            linux.poll_readable(self._reply_fd, min(poll, timeout))
         while b"\n" not in self._buffer:
-            now = time.monotonic()
-            left = deadline - now
+            left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
                 raise WorkerFailure("timeout", f"still running at the {limit:.0f} s limit; process group killed")
-            ready, _, _ = select.select([self._reply_fd], [], [], 0.0 if now < polling else min(left, 1.0))
+            ready, _, _ = select.select([self._reply_fd], [], [], min(left, 1.0))
             if not ready:
                 continue
             chunk = os.read(self._reply_fd, 1 << 16)

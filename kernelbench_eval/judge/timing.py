@@ -207,7 +207,7 @@ _LATE: set[int] = set()  # models whose keeper once outran the device: theirs wa
 
 def _events() -> list[Any]:
     """The four events every timed call records (before its flush, start, end, after a device-wide synchronise),
-    made once per process: making them took 0.05 ms of each call's host time, with the device idle."""
+    made once per process rather than four times a call (each call synchronises before they are recorded again)."""
     if not _EVENTS:
         _EVENTS.extend(_EventBase(enable_timing=True) for _ in range(4))
     return _EVENTS

@@ -14,7 +14,6 @@ import gc
 import importlib.util
 import os
 import re
-import select
 import sys
 import time
 import traceback
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
-from kernelbench_eval.isolation.linux import die_with_parent
+from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
 from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
@@ -33,6 +32,7 @@ from kernelbench_eval.worker.common import _device_name, _memory_bytes, _meta, _
 from kernelbench_eval.worker.reference import ReferenceOps
 
 _BUILD_FAILURE = "Error building extension"
+NEXT_CALL_S = 0.002  # after an `export`, stdin is polled this long for the timed call before sleeping on it
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
 
 
@@ -232,19 +232,8 @@ def serve(reply_fd: int) -> None:
         reply.seconds = time.perf_counter() - started
         sys.stdout.flush()
         _write_all(reply_fd, (reply.model_dump_json(exclude_defaults=True) + "\n").encode())
-        if req.op == "export" and worker.device == "cuda":
-            _await_request(NEXT_CALL_S)
-
-
-NEXT_CALL_S = 0.002
-
-
-def _await_request(seconds: float) -> None:
-    """Poll stdin for up to `seconds`: an `export` wakes a candidate right before its timed call, which the harness
-    sends at once, and a process sleeping on a pipe takes tens of microseconds to wake, inside that call's wall."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end and not select.select([sys.stdin], [], [], 0)[0]:
-        pass
+        if req.op == "export" and worker.device == "cuda":  # it woke a candidate: the timed call comes at once
+            poll_readable(sys.stdin.fileno(), NEXT_CALL_S)
 
 
 def _write_all(fd: int, data: bytes) -> None:
