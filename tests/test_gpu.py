@@ -48,6 +48,35 @@ def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
     assert l2_flush_buffer() is l2_flush_buffer()  # made once per process
 
 
+def test_a_calls_flush_counts_its_refill_toward_the_cover():
+    """71_Conv2d's input (128x8x128x128 floats, a 268 MB refill) leaves the flush only what the cover still
+    lacks; a small input's flush is nearly the whole buffer. Both written from the one buffer, once per rotation."""
+    from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
+    from kernelbench_eval.judge.timing import FLUSH_COVER_S, Rotation, _flush_for, l2_flush_buffer
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
+    large = Rotation([[torch.rand(128, 8, 128, 128, device="cuda")]])
+    small = Rotation([[torch.rand(1024, device="cuda")]])
+    assert _flush_for(large).numel() == max(2 * l2, cover - large.traffic()) < l2_flush_buffer().numel()
+    assert _flush_for(small).numel() == max(2 * l2, cover - small.traffic()) == l2_flush_buffer().numel() - 4096 * 4
+    assert _flush_for(large).data_ptr() == l2_flush_buffer().data_ptr() and _flush_for(large) is large.flush
+
+
+def test_waking_the_device_before_a_block_allocates_nothing_and_leaves_nothing_running():
+    """`timing.wake_device` may run while the exchange's pool is this thread's allocator: it writes into the
+    flush buffer instead of allocating, and returns with the device idle."""
+    from kernelbench_eval.judge.timing import l2_flush_buffer, wake_device
+
+    buffer = l2_flush_buffer()
+    buffer[:1].fill_(7)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    wake_device()
+    assert torch.cuda.current_stream().query()  # its write is done: nothing of it runs into the block
+    assert torch.cuda.memory_allocated() == allocated and buffer[:1].item() == 0
+
+
 def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_computes(monkeypatch):
     """The keeper's first half (host work) runs before the device-wide synchronise only for calls of EARLY_MS or
     more, where the device is still busy; a short call's waits, so its device-wide time gets no host time."""

@@ -154,6 +154,9 @@ class _Recorder:
         self.polls.append(poll)
         return WorkerReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
 
+    def call_each(self, requests, timeout, poll=0.0):  # noqa: ANN001, ANN201
+        return [self.call(req, timeout, poll) for req in requests]
+
 
 class _Slow(_Recorder):
     """A worker whose every timed call takes `seconds` of the harness's time."""

@@ -112,4 +112,5 @@ def poll_readable(fd: int, seconds: float) -> bool:
     while not select.select([fd], [], [], 0)[0]:
         if time.monotonic() >= end:
             return False
+        os.sched_yield()  # a timed process waiting for this core gets it at once
     return True

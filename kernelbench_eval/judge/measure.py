@@ -151,14 +151,15 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
         for one in timed if blocks % 2 == 0 else timed[::-1]:
             if one.before:
                 one.before()
+            requests = [WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call], first=i,
+                                      graph=settings.cuda_graph, layout=one.layout[i:i + 1],
+                                      placement=(blocks * calls_per_block + i) // WINDOW)
+                        for i, call in enumerate(schedule)]
             cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
             if one.ended is not None:
                 one.idle_s.append(begun / 1e9 - one.ended)
-            replies = [_request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call],
-                                                   first=i, graph=settings.cuda_graph, layout=one.layout[i:i + 1],
-                                                   placement=(blocks * calls_per_block + i) // WINDOW),
-                                deadline, poll) for i, call in enumerate(schedule)]
+            replies = one.worker.call_each(requests, deadline.left(), poll)
             one.last = replies
             one.add_block(replies, (time.perf_counter_ns() - begun) / 1e6)
             one.ended = time.perf_counter_ns() / 1e9

@@ -14,11 +14,12 @@ L2 is flushed (persisting lines reset too), the whole device synchronised, and t
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
 
-The flush is also the call's cover: it is sized to keep the GPU busy for FLUSH_COVER_S (or twice the L2,
-if more), so the host has launched the call's kernels before the start event fires, and the events time
-the GPU's work, not how fast this process's core woke up. Without it a 19 us SiLU measured 36-67 us in the
-workers, differently in each process (docs/benchmarks.md, "Identical copies"). The flush's own time (`gate_ms`)
-is reported: work a candidate slipped onto another stream during it runs beside the flush and slows it.
+The flush is also the call's cover: it is sized so that, with the refill ahead of it on the stream, the GPU
+stays busy for FLUSH_COVER_S (it writes twice the L2 at least), so the host has launched the call's kernels
+before the start event fires, and the events time the GPU's work, not how fast this process's core woke up.
+Without it a 19 us SiLU measured 36-67 us in the workers, differently in each process (docs/benchmarks.md,
+"Identical copies"). The flush's own time (`gate_ms`) is reported: work a candidate slipped onto another stream
+during it runs beside the flush and slows it.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Rotation:
                            for _ in range(max(placements, 1))]
         self.live = self.placements[0]  # what a captured CUDA graph replays on
         self.generators: dict[torch.device, torch.Generator] = {}
+        self.flush: torch.Tensor | None = None  # CUDA: the part of the flush buffer its calls write (`_flush_for`)
 
     def fill(self, k: int, scale: float, seed: int, placement: int = 0) -> list[object]:
         """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
@@ -99,6 +101,12 @@ class Rotation:
             else:
                 live.copy_(base)
         return live_set
+
+    def traffic(self) -> int:
+        """Bytes one refill moves through device memory: a float buffer is written, then read with its base and
+        written again; any other is read from its base and written."""
+        return sum((4 if x.is_floating_point() else 2) * x.numel() * x.element_size()
+                   for x in self.placements[0] if isinstance(x, torch.Tensor))
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self.generators:
@@ -172,7 +180,7 @@ def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[
                call: Callable[[], object] | None, keeper: Keeper, placement: int) -> Block:
     assert _EventBase is not None and _device_sync is not None
     block = Block()
-    flush = l2_flush_buffer()
+    flush = _flush_for(rotation)
     before, start, end, after = _events()
     for i, (k, scale, seed) in enumerate(schedule):
         _device_sync()  # the whole device, so no work of the previous call leaks in
@@ -260,15 +268,45 @@ def _replay_matches(model: Callable[..., object], rotation: Rotation, replay: Ca
 _FLUSH: list[torch.Tensor] = []
 
 
+def flush_bytes(l2_bytes: int, bandwidth_gbs: float, ahead: int = 0) -> int:
+    """Bytes to write before a call: twice the L2 at least (eviction), and enough that, with `ahead` bytes of
+    the refill's traffic in front of it, the GPU stays busy for FLUSH_COVER_S at peak bandwidth (the cover).
+    Why count the refill: it runs on the same stream right before, so it covers the launch as well; 71_Conv2d's
+    268 MB refill made a 500 MB flush spend 0.08 ms of every timed call on cover it already had."""
+    evict = max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR
+    return max(evict, int(bandwidth_gbs * 1e9 * FLUSH_COVER_S) - ahead)
+
+
 def l2_flush_buffer() -> torch.Tensor:
-    """The byte buffer written before each timed call: evicts the last call's data from the L2 (twice its size)
-    and covers the call's launch (FLUSH_COVER_S at peak bandwidth, whichever is more). Made once per process."""
+    """The byte buffer written (in part, `_flush_for`) before each timed call: as large as the flush of a call
+    with nothing ahead of it. Made once per process."""
     if not _FLUSH:
-        l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-        cover = int((memory_bandwidth_gbs() or 0) * 1e9 * FLUSH_COVER_S)
-        _FLUSH.append(torch.empty(max(max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR, cover), dtype=torch.uint8,
+        _FLUSH.append(torch.empty(flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0), dtype=torch.uint8,
                                   device="cuda"))
     return _FLUSH[0]
+
+
+def _l2_bytes() -> int:
+    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+
+
+def _flush_for(rotation: Rotation) -> torch.Tensor:
+    """What is written before each of `rotation`'s calls (`flush_bytes` after its refill), found once per
+    rotation: the same inputs give the reference and a candidate the same flush, so their gates compare."""
+    flush = rotation.flush
+    if flush is None:
+        size = flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0, rotation.traffic())
+        flush = rotation.flush = l2_flush_buffer()[:size]
+    return flush
+
+
+def wake_device() -> None:
+    """Run a one-byte write and wait for it, so the GPU is on this process's context before a block's first call
+    (`timed.WAKE`). It writes into the flush buffer, where there is one, rather than allocate: the timing scope
+    may still hold the exchange's pool."""
+    if _FLUSH:
+        _FLUSH[0][:1].zero_()
+        _device_sync()
 
 
 def release_flush() -> None:

@@ -32,7 +32,12 @@ from kernelbench_eval.worker.common import _device_name, _memory_bytes, _meta, _
 from kernelbench_eval.worker.reference import ReferenceOps
 
 _BUILD_FAILURE = "Error building extension"
-NEXT_CALL_S = 0.002  # after an `export`, stdin is polled this long for the timed call before sleeping on it
+# After these replies stdin is polled this long for the next timed call before sleeping on it: waking from a
+# pipe costs tens of microseconds with the device idle. `export` woke a stopped candidate for its block; a timed
+# call is followed by the block's next one within microseconds (`WorkerProcess.call_each`), or by nothing for
+# a while (the block ended: a candidate is stopped then, a reference checks it).
+NEXT_CALL_S = {"export": 0.002, "time": 0.0005}
+KEEP_TIMING = frozenset({"export"})  # requests that allocate nothing on the device: the timing scope stays
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
 
 
@@ -55,6 +60,8 @@ class Worker(ReferenceOps, CandidateOps):
         self.store: list[list[Any]] = []  # the checker's per-call output storage while timed (see store_keeper)
         self.replay: Any = None
         self.graph_error: str | None = None
+        self.timing_scope: contextlib.ExitStack | None = None  # held from one timed request to the next
+        self.timing_pool: ExchangePool | None = None
 
     # -- ops both roles use --------------------------------------------------------------------------
 
@@ -91,9 +98,9 @@ class Worker(ReferenceOps, CandidateOps):
     def op_time(self, req: WorkerRequest) -> WorkerReply:
         """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
         every call's outputs are kept for the checks, the block's together."""
-        torch = _torch()
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
+            self.leave_timing()  # the new buffers must not come from the exchange's pool
             self.rotation = timing.Rotation([self.sets[n] for n in names],
                                             timing.PLACEMENTS if self.device == "cuda" else 1)
             self.rotation_sets = names
@@ -106,15 +113,15 @@ class Worker(ReferenceOps, CandidateOps):
             timing.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
         if req.first == 0:
             self.kept, self.placed, self.held, self.spans = [], [], [], []
-        with torch.no_grad(), pooled.allocating() if pooled is not None else contextlib.nullcontext():
-            if req.warmup:  # in the pool too: its segments are carved before timing
-                timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
-            if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
-                self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
-            keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
-                      else self.store_keeper(req.first, len(req.schedule)))
-            block = timing.time_block(model, self.rotation, req.schedule, self.device,
-                                      self.replay if req.model == "main" else None, keeper, req.placement)
+        self._enter_timing(pooled)
+        if req.warmup:  # in the pool too: its segments are carved before timing
+            timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
+        if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
+            self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
+        keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
+                  else self.store_keeper(req.first, len(req.schedule)))
+        block = timing.time_block(model, self.rotation, req.schedule, self.device,
+                                  self.replay if req.model == "main" else None, keeper, req.placement)
         self.kept += block.kept
         # each call's outputs described (and, by a candidate, located) in its own reply: the hand-over is the
         # reply, inside the harness's wall clock on the block, with nothing left to do after the last call
@@ -126,6 +133,24 @@ class Worker(ReferenceOps, CandidateOps):
             for call in metas]
         return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms, gate_ms=block.gate_ms,
                            graph_error=self.graph_error, replaced=timing.replaced(), metas=metas, placed=placed)
+
+    def _enter_timing(self, pooled: ExchangePool | None) -> None:
+        """Grad mode off, and a candidate's allocations in the exchange's pool, from the first timed request
+        until a request of another kind (`leave_timing`): entered and left per request, they cost every timed
+        call host time with the device idle, between its predecessor's end and its own refill."""
+        if self.timing_scope is not None and self.timing_pool is pooled:
+            return
+        self.leave_timing()
+        scope = contextlib.ExitStack()
+        scope.enter_context(_torch().no_grad())
+        if pooled is not None:
+            scope.enter_context(pooled.allocating())
+        self.timing_scope, self.timing_pool = scope, pooled
+
+    def leave_timing(self) -> None:
+        if self.timing_scope is not None:
+            scope, self.timing_scope, self.timing_pool = self.timing_scope, None, None
+            scope.close()
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
@@ -220,6 +245,8 @@ def serve(reply_fd: int) -> None:
             gc.disable()
         else:
             gc.enable()
+            if req.op not in KEEP_TIMING:
+                worker.leave_timing()
         started = time.perf_counter()
         try:
             reply = getattr(worker, f"op_{req.op}")(req)
@@ -232,8 +259,8 @@ def serve(reply_fd: int) -> None:
         reply.seconds = time.perf_counter() - started
         sys.stdout.flush()
         _write_all(reply_fd, (reply.model_dump_json(exclude_defaults=True) + "\n").encode())
-        if req.op == "export" and worker.device == "cuda":  # it woke a candidate: the timed call comes at once
-            poll_readable(sys.stdin.fileno(), NEXT_CALL_S)
+        if worker.device == "cuda" and req.op in NEXT_CALL_S:  # the next timed call is on its way
+            poll_readable(sys.stdin.fileno(), NEXT_CALL_S[req.op])
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -30,6 +30,7 @@ class ReferenceOps:
     exchange: Exchange | None
     kept: list[list[Any]]
     store: list[list[Any]]
+    rotation: timing.Rotation | None
 
     def op_prepare(self, req: WorkerRequest) -> WorkerReply:
         """Apply size overrides, write the init arguments, and make one input set per secret seed (kept here)."""
@@ -83,6 +84,8 @@ class ReferenceOps:
         self.kept, self.store = [], []
         if self.device == "cuda":
             timing.release_flush()
+            if self.rotation is not None:
+                self.rotation.flush = None  # a view: it would hold the buffer
             _torch().cuda.empty_cache()
         return WorkerReply(ok=True)
 

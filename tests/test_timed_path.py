@@ -1,0 +1,161 @@
+"""The timed call's path between harness and worker, on the CPU: a block's requests pipelined one at a time
+(`WorkerProcess.call_each`), the worker's timing scope held from one timed request to the next, its polling for
+the next call, and the flush sized after the refill (`timing.flush_bytes`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge import timing
+from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.worker import main as worker_main
+
+
+def _import(path: Path, class_name: str = "Model") -> WorkerRequest:
+    return WorkerRequest(op="import", path=str(path), class_name=class_name)
+
+
+def test_a_blocks_requests_are_answered_in_order_and_a_failure_leaves_the_pipe_in_step(tmp_path: Path):
+    """`call_each` sends each request once its predecessor's reply is read, and parses that reply after. A
+    failed reply is raised only once the request already sent after it has been answered: otherwise the next
+    request's reply would be the stale one."""
+    good = tmp_path / "good.py"
+    good.write_text("class Model:\n    pass\n")
+    with WorkerProcess(tmp_path, tmp_path / "worker.log") as worker:
+        replies = worker.call_each([_import(good), WorkerRequest(op="export", calls=[]), _import(good)], 60)
+        assert [bool(r.torch_version) for r in replies] == [True, False, True]  # each its own request's reply
+        with pytest.raises(WorkerFailure, match="no class Missing"):
+            worker.call_each([_import(good), _import(good, "Missing"), _import(good)], 60)
+        with pytest.raises(WorkerFailure, match="no class Other"):  # its own reply, not the drained import's
+            worker.call(_import(good, "Other"), 60)
+        assert worker.call(_import(good), 60).torch_version
+
+
+class _Pool:
+    """An exchange pool stand-in: counts how often its allocating context is entered and left."""
+
+    def __init__(self) -> None:
+        self.entered = self.left = 0
+
+    @contextlib.contextmanager
+    def allocating(self) -> Iterator[None]:
+        self.entered += 1
+        try:
+            yield
+        finally:
+            self.left += 1
+
+
+def test_the_timing_scope_is_held_from_one_timed_request_to_the_next_and_left_for_anything_else():
+    """Entering and leaving grad mode and the exchange's pool per timed request cost each call host time with
+    the device idle: the scope stays until a request of another kind, or until the pool changes."""
+    worker = worker_main.Worker()
+    pool, other = _Pool(), _Pool()
+    assert torch.is_grad_enabled()
+    worker._enter_timing(pool)  # type: ignore[arg-type]
+    worker._enter_timing(pool)  # type: ignore[arg-type]
+    assert (pool.entered, pool.left) == (1, 0) and not torch.is_grad_enabled()
+    worker._enter_timing(other)  # type: ignore[arg-type]
+    assert (pool.entered, pool.left, other.entered) == (1, 1, 1)
+    worker.leave_timing()
+    assert other.left == 1 and torch.is_grad_enabled()
+    worker.leave_timing()  # nothing held: nothing to do
+    assert other.left == 1
+
+
+def test_the_worker_leaves_its_timing_scope_and_polls_for_the_next_timed_call_only_on_a_gpu(
+        monkeypatch: pytest.MonkeyPatch):
+    """`serve`: after a timed call's reply on a GPU, stdin is polled for the block's next call; a request that
+    may allocate on the device leaves the timing scope first (its allocations must not land in the exchange's
+    pool). `export` (it only describes outputs, and wakes a candidate between its blocks) keeps it."""
+    seen: list[tuple[str, bool]] = []
+    polls: list[float] = []
+
+    class Worker(worker_main.Worker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.device = "cuda"
+
+        def op_time(self, req: WorkerRequest) -> WorkerReply:
+            self._enter_timing(None)
+            seen.append(("time", self.timing_scope is not None))
+            return WorkerReply(ok=True)
+
+        def op_export(self, req: WorkerRequest) -> WorkerReply:  # wakes a candidate between its blocks
+            seen.append(("export", self.timing_scope is not None))
+            return WorkerReply(ok=True)
+
+        def op_import(self, req: WorkerRequest) -> WorkerReply:
+            seen.append(("import", self.timing_scope is not None))
+            return WorkerReply(ok=True)
+
+    monkeypatch.setattr(worker_main, "Worker", Worker)
+    monkeypatch.setattr(worker_main, "poll_readable", lambda fd, seconds: polls.append(seconds))
+    requests, reply_read, reply_write = os.pipe(), *os.pipe()
+    ops = ("time", "time", "export", "time", "import", "exit")
+    lines = "".join(WorkerRequest(op=op).model_dump_json() + "\n" for op in ops)
+    os.write(requests[1], lines.encode())
+    os.close(requests[1])
+    with open(requests[0]) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        worker_main.serve(reply_write)
+    os.close(reply_write)
+    with open(reply_read, "rb") as replies:
+        assert len(replies.read().splitlines()) == 5
+    assert seen == [("time", True), ("time", True), ("export", True), ("time", True), ("import", False)]
+    assert polls == [worker_main.NEXT_CALL_S[op] for op in ("time", "time", "export", "time")]
+
+
+def test_the_flush_counts_the_refill_ahead_of_it_toward_the_launchs_cover():
+    """Twice the L2 always (eviction); beyond that, only what the refill's own traffic leaves of FLUSH_COVER_S
+    at peak bandwidth (an H100: 50 MB of L2, 3350 GB/s)."""
+    l2, bandwidth = 50 << 20, 3350.0
+    cover = int(bandwidth * 1e9 * timing.FLUSH_COVER_S)
+    assert timing.flush_bytes(l2, bandwidth) == cover  # nothing ahead: the whole cover, as before
+    assert timing.flush_bytes(l2, bandwidth, 200 << 20) == cover - (200 << 20)
+    assert timing.flush_bytes(l2, bandwidth, 1 << 30) == 2 * l2  # a large refill: eviction decides
+    assert timing.flush_bytes(0, 0.0) == 2 << 20  # no L2 reported: a megabyte, twice
+
+
+def test_a_refill_moves_four_times_a_float_inputs_bytes_and_twice_anything_elses():
+    """uniform_ writes a float buffer, mul_ reads it and its base and writes it; an integer one is copied."""
+    floats, ints = torch.zeros(1000), torch.zeros(10, dtype=torch.int64)
+    rotation = timing.Rotation([[floats, ints, 3]])
+    assert rotation.traffic() == 4 * 4000 + 2 * 80
+
+
+def test_each_models_block_begins_with_the_gpu_on_its_own_context(monkeypatch: pytest.MonkeyPatch):
+    """Switching the GPU between two processes' contexts (about 0.14 ms on an H100) happens before a block, outside
+    its wall clock, for both models alike: the reference's turn holds the candidate, then wakes its own context;
+    a worker answering that request runs a one-byte write on the device, and on the CPU nothing is sent."""
+    from kernelbench_eval.judge.timed import reference_turn
+
+    sent: list[str] = []
+
+    class Guard:
+        def before_reference(self) -> None:
+            sent.append("hold")
+
+    class Reference:
+        def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
+            sent.append(req.op)
+            return WorkerReply(ok=True)
+
+    reference_turn(Guard(), Reference(), "cuda", 60)  # type: ignore[arg-type]
+    reference_turn(Guard(), Reference(), "cpu", 60)  # type: ignore[arg-type]
+    assert sent == ["hold", "export", "hold"]
+
+    woken: list[bool] = []
+    monkeypatch.setattr(timing, "wake_device", lambda: woken.append(True))
+    worker = worker_main.Worker()
+    assert worker.op_export(WorkerRequest(op="export", calls=[])).ok and woken == []  # a CPU worker: no device
+    worker.device = "cuda"
+    assert worker.op_export(WorkerRequest(op="export", calls=[])).ok and woken == [True]
