@@ -131,31 +131,3 @@ def test_a_refill_moves_four_times_a_float_inputs_bytes_and_twice_anything_elses
     rotation = timing.Rotation([[floats, ints, 3]])
     assert rotation.traffic() == 4 * 4000 + 2 * 80
 
-
-def test_each_models_block_begins_with_the_gpu_on_its_own_context(monkeypatch: pytest.MonkeyPatch):
-    """Switching the GPU between two processes' contexts (about 0.14 ms on an H100) happens before a block, outside
-    its wall clock, for both models alike: the reference's turn holds the candidate, then wakes its own context;
-    a worker answering that request runs a one-byte write on the device, and on the CPU nothing is sent."""
-    from kernelbench_eval.judge.timed import reference_turn
-
-    sent: list[str] = []
-
-    class Guard:
-        def before_reference(self) -> None:
-            sent.append("hold")
-
-    class Reference:
-        def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
-            sent.append(req.op)
-            return WorkerReply(ok=True)
-
-    reference_turn(Guard(), Reference(), "cuda", 60)  # type: ignore[arg-type]
-    reference_turn(Guard(), Reference(), "cpu", 60)  # type: ignore[arg-type]
-    assert sent == ["hold", "export", "hold"]
-
-    woken: list[bool] = []
-    monkeypatch.setattr(timing, "wake_device", lambda: woken.append(True))
-    worker = worker_main.Worker()
-    assert worker.op_export(WorkerRequest(op="export", calls=[])).ok and woken == []  # a CPU worker: no device
-    worker.device = "cuda"
-    assert worker.op_export(WorkerRequest(op="export", calls=[])).ok and woken == [True]

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 from kernelbench_eval.isolation import gpus
-from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
 from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
@@ -94,22 +93,6 @@ def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
         ref_side.broken |= guard.broken
 
 
-# Answered by either worker before its model's block (`op_export` with no calls): on a GPU it also brings the
-# device back to that process's context (`timing.wake_device`). Why: each block starts on a GPU that last ran the
-# other process's work, and the switch between two processes' contexts cost about 0.14 ms on an H100 (a tiny op
-# and a synchronise, two processes taking turns: 154 us, one alone: 17 us). With a call a block (71_Conv2d), it
-# was a tenth of every timed call's wall, paid for the harness's interleaving, not by the model.
-WAKE = WorkerRequest(op="export", calls=[])
-
-
-def reference_turn(guard: Guard, reference: WorkerProcess, device: str, timeout: float) -> None:
-    """Before the reference's block, outside its wall clock: the candidate stopped (`Guard`), and on a GPU the
-    reference's context brought back, as the candidate's is before its own block (both walls leave it out)."""
-    guard.before_reference()
-    if device == "cuda":
-        reference.call(WAKE, timeout)
-
-
 def _measure_once(run: CandidateRun) -> _Timed | None:
     ref_side, settings = run.ref, run.ref.settings
     assert ref_side.worker is not None and run.worker is not None
@@ -118,13 +101,12 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
 
     def resume() -> None:
         """Before the candidate's block, outside its wall clock: let it run, and have its worker answer once, so
-        its first timed call pays neither for waking a stopped process nor for the GPU's switch to its context."""
-        if guard.release() or settings.device == "cuda":
-            run.worker.call(WAKE, run.deadline.left())
+        its first timed call does not pay for waking a stopped process (the reference's worker never stops)."""
+        if guard.release():
+            run.worker.call(WorkerRequest(op="export", calls=[]), run.deadline.left())
 
     guard = Guard(run.worker, ref_side.worker, ref_side.sched)
-    ref = TimedModel(ref_side.worker, before=lambda: reference_turn(guard, ref_side.worker, settings.device,
-                                                                    run.deadline.left()))
+    ref = TimedModel(ref_side.worker, before=guard.before_reference)
     cand = TimedModel(run.worker, layout=layout, before=resume)
     checked = in_place = 0
 

@@ -17,6 +17,10 @@ device-wide synchronise (which also counts work the candidate left running on ot
 The flush is also the call's cover: it is sized so that, with the refill ahead of it on the stream, the GPU
 stays busy for FLUSH_COVER_S (it writes twice the L2 at least), so the host has launched the call's kernels
 before the start event fires, and the events time the GPU's work, not how fast this process's core woke up.
+A block's first call has more cover: the GPU switches from the other model's process to this one first
+(about 0.14 ms on an H100). Making that switch before the block instead, outside its wall clock, was tried:
+the walls fell by 0.3 ms, but the cover left fell short of the host's launch in the workers, and the times
+of 71_Conv2d's candidates rose 1-3 % (docs/benchmarks.md, "Where a timed call's wall goes").
 Without it a 19 us SiLU measured 36-67 us in the workers, differently in each process (docs/benchmarks.md,
 "Identical copies"). The flush's own time (`gate_ms`) is reported: work a candidate slipped onto another stream
 during it runs beside the flush and slows it.
@@ -298,15 +302,6 @@ def _flush_for(rotation: Rotation) -> torch.Tensor:
         size = flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0, rotation.traffic())
         flush = rotation.flush = l2_flush_buffer()[:size]
     return flush
-
-
-def wake_device() -> None:
-    """Run a one-byte write and wait for it, so the GPU is on this process's context before a block's first call
-    (`timed.WAKE`). It writes into the flush buffer, where there is one, rather than allocate: the timing scope
-    may still hold the exchange's pool."""
-    if _FLUSH:
-        _FLUSH[0][:1].zero_()
-        _device_sync()
 
 
 def release_flush() -> None:

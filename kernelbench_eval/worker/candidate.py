@@ -117,12 +117,9 @@ class CandidateOps:
         """What the outputs of calls `calls` of the last timed block looked like (they are in the exchange).
 
         Each timed call's reply already says so; the harness sends it with no calls, outside the wall clock,
-        before either model's block (`timed.WAKE`): it wakes a stopped candidate, and on a GPU brings the device
-        back to this process's context.
+        to wake a stopped candidate before its block (`timed.resume`).
         """
         metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in self.kept[call]] for call in req.calls]
-        if self.device == "cuda":
-            timing.wake_device()
         return WorkerReply(ok=True, metas=metas)
 
     def _copy_in(self, outs: list[Any], metas: list, slots: list[Slot]) -> None:
