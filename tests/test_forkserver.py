@@ -316,7 +316,7 @@ main()
 
 
 def test_a_run_starts_its_fork_server_first_and_only_once(tmp_path: Path) -> None:
-    """`kbeval run` starts the server before anything needs it (`process.prestart`), and every worker of the run
+    """`kbeval run` starts the server before anything needs it (`workerenv.prestart`), and every worker of the run
     (compiles, the reference, candidates) comes from that one server: no variable a worker sets (MAX_JOBS, the
     extension folder) may make a second one."""
     cands = tmp_path / "candidates" / "tiny_linear_relu"

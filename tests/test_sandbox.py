@@ -34,7 +34,8 @@ from conftest import FIXTURES, ROOT, pythonpath
 from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
-from kernelbench_eval.isolation.process import WorkerProcess, worker_env
+from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.isolation.workerenv import worker_env
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import CONTAINMENT, SandboxRecord
 from kernelbench_eval.store import keys

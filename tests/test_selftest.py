@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernelbench_eval.discover.corpus import find_problems
-from kernelbench_eval.isolation.process import QUIET_OPENMP, quiet_openmp
+from kernelbench_eval.isolation.workerenv import QUIET_OPENMP, quiet_openmp
 from kernelbench_eval.judge.check import degenerate_outputs
 from kernelbench_eval.judge.measure import TimedModel
 from kernelbench_eval.judge.plausibility import assess, significant

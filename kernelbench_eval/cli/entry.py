@@ -20,7 +20,7 @@ WORKER_COMMANDS = frozenset({"run", "eval", "problems", "profile", "selftest"}) 
 
 def main() -> None:
     if _starts_workers_here(sys.argv[1:]):
-        from kernelbench_eval.isolation.process import prestart  # light: no torch
+        from kernelbench_eval.isolation.workerenv import prestart  # light: no torch
 
         prestart()
     from kernelbench_eval.cli.app import app

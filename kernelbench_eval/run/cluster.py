@@ -40,7 +40,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 from kernelbench_eval.build.compile import Compiled
 from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
-from kernelbench_eval.isolation.process import PACKAGE_ROOT
+from kernelbench_eval.isolation.workerenv import PACKAGE_ROOT
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.records import Baseline
 from kernelbench_eval.run.cluster_node import RETRIES, LaneActor, compile_task, read, write

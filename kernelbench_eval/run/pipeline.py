@@ -24,7 +24,7 @@ from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChange
 from kernelbench_eval.discover.guard import References
 from kernelbench_eval.isolation import cores, private, sandbox
 from kernelbench_eval.isolation.linux import keep_memory_private
-from kernelbench_eval.isolation.process import prestart
+from kernelbench_eval.isolation.workerenv import prestart
 from kernelbench_eval.judge import baselines
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.records import Findings, RunManifest, Verdict, now_utc
