@@ -88,8 +88,10 @@ def tail(path: Path, chars: int = 3000) -> str:
     return text[-chars:]
 
 
-def write_section(md: Path, title: str, text: str) -> None:
-    """Replace the section `title` (up to the next `## `) with `text`, or add it at the end; the rest stays."""
+def write_section(md: Path, title: str, text: str, keep_previous: bool = False) -> None:
+    """Replace the section `title` (up to the next `## `) with `text`, or add it at the end; the rest stays.
+    `keep_previous`: what the section held goes on below `text` (earlier runs and the readings written for
+    them), so that a run adds to the record instead of erasing it."""
     doc = md.read_text() if md.exists() else "# Benchmarks\n"
     body = text.rstrip("\n") + "\n"
     start = doc.find(title + "\n")
@@ -97,5 +99,8 @@ def write_section(md: Path, title: str, text: str) -> None:
         doc = doc.rstrip("\n") + "\n\n" + body
     else:
         end = doc.find("\n## ", start + len(title))
+        previous = doc[start + len(title) + 1:end + 1 if end >= 0 else len(doc)].strip("\n")
+        if keep_previous and previous:
+            body += "\n" + previous + "\n"
         doc = doc[:start] + body + ("\n" + doc[end + 1:] if end >= 0 else "")
     md.write_text(doc)

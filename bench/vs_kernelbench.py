@@ -5,8 +5,9 @@ Runs, one after the other on the same machine and the same candidates (the GPU c
      does with build_cache=True; compile phase, then each candidate alone in a fresh process);
   2. `kbeval run --device cuda` cold: fresh build cache, fresh baselines;
   3. `kbeval run` warm: a new run on the warm cache and baselines (everything judged again).
-Writes the `## vs KernelBench` section of docs/benchmarks.md (ending with the ratio lines the issue names)
-and raw numbers to $OUT/vs_kernelbench.json. The yardstick is never part of this project: pass its folder
+Writes the `## vs KernelBench` section of docs/benchmarks.md (the run's tables, ending with the ratio lines
+the issue names; the section's earlier runs and readings stay below them) and raw numbers to
+$OUT/vs_kernelbench.json. The yardstick is never part of this project: pass its folder
 (a git-excluded copy carried to the GPU machine) with --kb.
 
     python3 bench/vs_kernelbench.py --kb .anchors/kernelbench --problem 45_Gemm_Sigmoid_LogSumExp \
@@ -27,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchdoc import REPO, write_section
+
 SECTION = "## vs KernelBench"
 
 
@@ -143,15 +145,11 @@ def summarize(kb: dict, cold: dict, warm: dict | None, count: int) -> tuple[list
     return lines + per + notes, numbers
 
 
-def write_section(md: Path, header: list[str], body: list[str], numbers: dict, title: str = SECTION) -> None:
-    text = md.read_text() if md.exists() else "# Benchmarks\n"
-    start = text.find(title + "\n")
-    if start >= 0:
-        end = text.find("\n## ", start + len(title))
-        text = text[:start].rstrip() + ("\n\n" + text[end + 1:] if end >= 0 else "\n")
-    section = [title, "", *header, "", *body, "", "```",
-               *(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in numbers.items()), "```", ""]
-    md.write_text(text.rstrip() + "\n\n" + "\n".join(section))
+def section_text(header: list[str], body: list[str], numbers: dict, title: str = SECTION) -> str:
+    """The run's block: what ran, the tables, and the ratio lines the issue names, last."""
+    return "\n".join([title, "", *header, "", *body, "", "```",
+                      *(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in numbers.items()),
+                      "```", ""])
 
 
 def main() -> None:
@@ -203,7 +201,7 @@ def main() -> None:
               + ("." if args.no_warm else ", then again on the warm cache (warm: every candidate judged anew, builds "
                  "and baselines reused). The warm ratio compares KernelBench's evaluation phase (its warm-cache cost) "
                  "with kbeval's whole warm run.")]
-    write_section(args.out_md, header, body, numbers, args.section)
+    write_section(args.out_md, args.section, section_text(header, body, numbers, args.section), keep_previous=True)
     print(json.dumps(numbers), flush=True)
 
 

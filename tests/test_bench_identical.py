@@ -72,3 +72,19 @@ def test_write_section_replaces_only_its_own(tmp_path):
     write_section(md, "## One", "## One\n\nnew\n")
     write_section(md, "## Three", "## Three\n\nadded\n")
     assert md.read_text() == "# B\n\n## One\n\nnew\n\n## Two\n\nkept\n\n## Three\n\nadded\n"
+
+
+def test_a_kept_section_puts_the_new_run_first_and_the_earlier_ones_below(tmp_path):
+    """bench/vs_kernelbench.py's section: the latest ratio lines first, earlier runs and readings not erased."""
+    import vs_kernelbench
+
+    md = tmp_path / "b.md"
+    md.write_text("# B\n\n## vs KernelBench\n\nrun 1\n\n### Reading run 1\n\nslow\n\n## Later\n\nkept\n")
+    text = vs_kernelbench.section_text(["run 2"], ["| t |"], {"vs_kernelbench_cold_ratio": 2.2171})
+    write_section(md, "## vs KernelBench", text, keep_previous=True)
+    doc = md.read_text()
+    assert doc.startswith("# B\n\n## vs KernelBench\n\nrun 2\n\n| t |\n\n```\nvs_kernelbench_cold_ratio: 2.22\n```\n")
+    assert doc.index("vs_kernelbench_cold_ratio: 2.22") < doc.index("run 1") < doc.index("### Reading run 1")
+    assert doc.endswith("slow\n\n## Later\n\nkept\n") and doc.count("## vs KernelBench\n") == 1
+    write_section(md, "## Later", "## Later\n\nnew\n")  # without keep_previous, a section is replaced
+    assert md.read_text().endswith("## Later\n\nnew\n") and "kept" not in md.read_text()
