@@ -99,8 +99,7 @@ def write_section(md: Path, title: str, text: str, keep_previous: bool = False) 
         doc = doc.rstrip("\n") + "\n\n" + body
     else:
         end = doc.find("\n## ", start + len(title))
-        previous = doc[start + len(title) + 1:end + 1 if end >= 0 else len(doc)].strip("\n")
-        if keep_previous and previous:
+        if keep_previous and (previous := doc[start + len(title) + 1:end + 1 if end >= 0 else len(doc)].strip("\n")):
             body += "\n" + previous + "\n"
         doc = doc[:start] + body + ("\n" + doc[end + 1:] if end >= 0 else "")
     md.write_text(doc)

@@ -1,6 +1,6 @@
 """A worker's environment: what it may inherit from the harness, and what the harness adds.
 
-Kept apart from `process` (which starts and talks to workers) because it needs no torch and no process: the
+Kept apart from `process` (which starts and talks to workers) because it needs neither torch nor a worker: the
 CLI's entry point starts the fork server with it (`prestart`) before anything heavy is imported.
 """
 
@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelbench_eval.isolation import forkclient
-from kernelbench_eval.isolation.forkclient import TOKEN_VAR
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_VARS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
@@ -46,7 +45,7 @@ def worker_environment(extra: Mapping[str, str], token: str) -> dict[str, str]:
     env = worker_env(os.environ) | dict(extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
-    env[TOKEN_VAR] = token
+    env[forkclient.TOKEN_VAR] = token
     return env
 
 
