@@ -66,6 +66,10 @@ from kernelbench_eval.isolation.forkclient import (  # noqa: F401  (the harness 
 )
 from kernelbench_eval.isolation.linux import die_with_parent, keep_memory_private, open_fds
 
+# Imported by the server too, once: `load_inline`'s module pulls in setuptools, and compiling those sources in
+# every worker cost each extension candidate's load 0.37 s of its 0.42 s on an H200 host (docs/benchmarks.md)
+PRELOADED = "torch.utils.cpp_extension"
+
 # -- server --------------------------------------------------------------------------------------------------
 
 
@@ -196,6 +200,7 @@ def serve_forever(control_fd: int, parent: int) -> None:
     try:
         import torch  # noqa: F401  (the point of the server: imported once, before any fork)
 
+        importlib.import_module(PRELOADED)
         importlib.import_module(WORKER_MODULE)  # its imports (timing binds its clocks here); rerun per child
         skip_library_finalizers()  # what the imports registered: no worker spends its exit tearing them down
 
