@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from kernelbench_eval.build import pch
 from kernelbench_eval.build.relocate import rewrite_triton
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
@@ -40,7 +41,7 @@ from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import CompileRecord
 from kernelbench_eval.results.record import write_atomic
-from kernelbench_eval.store import keys, locks
+from kernelbench_eval.store import keys, locks, paths
 
 RECORD_NAME = "compile.json"
 UNHASHED = frozenset({"lock", ".ninja_log", ".ninja_deps"})  # rewritten by load_inline/ninja on every load
@@ -115,7 +116,7 @@ def compile_candidate(candidate: Candidate, device: str, cache_dir: Path, log_pa
             error = f"build folder unusable: {exc}"
             if attempt == 0 and not isinstance(exc, locks.LockError):
                 with contextlib.suppress(OSError):
-                    _clear(build)
+                    paths.clear(build)
     return Compiled(CompileRecord(ok=False, status="compile_error", error=error), build, cached=False)
 
 
@@ -194,7 +195,7 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
         if warm is None or not record.ok or record.warmup_seconds is not None:
             return Compiled(record, build, cached=True)
         return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
-    _clear(build)  # whatever is there was not built (or no longer is as built) by the harness
+    paths.clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
     record = _import_once(candidate, build, log_path, timeout, device, warm)
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
@@ -202,7 +203,7 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
         write_atomic(build / "compile.log", log)
         _write_record(build, key, record, log)
     else:  # nothing of it is kept: a record it planted there (candidates can read the key) must not be found
-        _clear(build)
+        paths.clear(build)
     return Compiled(record, build, cached=False)
 
 
@@ -234,14 +235,6 @@ def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: flo
     return record
 
 
-def _clear(build: Path) -> None:
-    """Remove a build folder's contents (a folder, a file or a link in its place alike)."""
-    if build.is_symlink() or build.is_file():
-        build.unlink()
-    elif build.exists():
-        shutil.rmtree(build)
-
-
 def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
                  warm: _Warm | None) -> CompileRecord:
     """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
@@ -256,7 +249,8 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
     with tempfile.TemporaryDirectory(prefix="kbeval-compile-") as workdir:
         gpu = {"CUDA_VISIBLE_DEVICES": warm.spec.gpu} if warm and warm.spec.gpu is not None else {}
         confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
-        worker = WorkerProcess(Path(workdir), log_path, extension_env(build) | gpu, sandbox=confined)
+        env = extension_env(build) | gpu | pch.env(build.parent.parent, device)  # the header, once it is made
+        worker = WorkerProcess(Path(workdir), log_path, env, sandbox=confined)
         req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
         stage = "compile"
         try:

@@ -33,7 +33,7 @@ TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
 # or by the harness: one server serves every value. Any other variable a worker sets gets a server of its own.
 FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES",
                             "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR", "MAX_JOBS", "TMPDIR",
-                            "KBEVAL_SANDBOX_SPEC", "KBEVAL_CPUS"})
+                            "KBEVAL_SANDBOX_SPEC", "KBEVAL_CPUS", "KBEVAL_PCH_DIR"})
 WORKER_MODULE = "kernelbench_eval.worker.main"
 SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
 READY_TIMEOUT = 180.0  # seconds for a server to import torch and listen (a busy machine is slow at this)

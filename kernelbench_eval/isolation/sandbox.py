@@ -149,13 +149,14 @@ def finish(record: SandboxRecord, in_leaf: bool, why: str | None) -> SandboxReco
 # -- worker side ----------------------------------------------------------------------------------------------
 
 
-def enter_and_report(reply_fd: int) -> None:
+def enter_and_report(reply_fd: int) -> SandboxRecord | None:
     """A worker's first act: confine itself as the harness asked (if it did) and say so on its reply pipe."""
     record = enter_from_env()
     if record is not None:
         data = (WorkerReply(ok=True, sandbox=record).model_dump_json() + "\n").encode()
         while data:
             data = data[os.write(reply_fd, data):]
+    return record
 
 
 def enter_from_env() -> SandboxRecord | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from kernelbench_eval.build import pch
 from kernelbench_eval.build.compile import BuildTampered, Compiled
 from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChanged, discover
@@ -109,6 +110,8 @@ class _Session:
                             self.opts.compile_timeout)
         lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)  # may keep cores from the builds
         os.environ.setdefault("MAX_JOBS", str(build_parallelism(jobs, len(runnable))))  # ninja inside each build
+        if self.opts.backend == "local":  # found (or made, in the background) before the first build asks
+            pch.plan(self.opts.cache_dir, self.device, len(runnable), jobs)
         work = [schedule.LaneJobs(partial(self._evaluate, lane), lane.holds, partial(self._prepare, lane),
                                   partial(_near, lane)) for lane in lanes]
         try:

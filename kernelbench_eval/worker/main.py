@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kernelbench_eval.build import pch
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
 from kernelbench_eval.judge import cudart, timing
@@ -274,7 +275,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reply-fd", type=int, required=True)
     reply_fd = parser.parse_args().reply_fd
-    sandbox.enter_and_report(reply_fd)  # a candidate's worker: confined before it reads its first request
+    confined = sandbox.enter_and_report(reply_fd)  # a candidate's worker: confined before its first request
+    pch.enter(confined)  # a build's precompiled header, used only where this worker cannot rewrite it
     serve(reply_fd)
 
 
