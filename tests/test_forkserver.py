@@ -400,3 +400,30 @@ def test_only_torchs_library_finalizers_are_skipped() -> None:
     left = [f for f in list(weakref.finalize._registry) if f.atexit and f.peek()
             and getattr(f.peek()[1], "__name__", "") == "_del_library"]
     assert left == []
+
+
+def test_the_server_preloads_load_inlines_module_without_touching_cuda() -> None:
+    """Importing torch.utils.cpp_extension asks torch.cuda.is_available() (cudaGetDeviceCount) on a CUDA build of
+    torch, which made every forked worker's first CUDA call fail. Here a CUDA build is stood in for (the CPU
+    build never asks) and the device count call is recorded: `preload` imports the module without it."""
+    code = textwrap.dedent("""
+        import json, sys, torch
+        calls = []
+        torch.cuda._is_compiled = lambda: True
+        torch.version.cuda = "12.0"
+        torch._C._cuda_getDeviceCount = lambda: calls.append("count") or 1
+        from kernelbench_eval.isolation import forkserver
+        asked = torch.cuda.is_available
+        if sys.argv[1] == "preload":
+            forkserver.preload()
+        else:
+            import torch.utils.cpp_extension
+        print(json.dumps({"calls": calls, "restored": torch.cuda.is_available is asked,
+                          "loaded": "torch.utils.cpp_extension" in sys.modules}))
+    """)
+    env = dict(os.environ, PYTHONPATH=pythonpath(), CUDA_HOME="/usr/local/cuda")
+    plain, preloaded = (json.loads(subprocess.run([sys.executable, "-c", code, how], env=env, capture_output=True,
+                                                  text=True, check=True).stdout.splitlines()[-1])
+                        for how in ("plain", "preload"))
+    assert plain["calls"] == ["count"]  # the stand-in works: a plain import asks the device count
+    assert preloaded == {"calls": [], "restored": True, "loaded": True}

@@ -66,8 +66,8 @@ from kernelbench_eval.isolation.forkclient import (  # noqa: F401  (the harness 
 )
 from kernelbench_eval.isolation.linux import die_with_parent, keep_memory_private, open_fds
 
-# Imported by the server too, once: `load_inline`'s module pulls in setuptools, and compiling those sources in
-# every worker cost each extension candidate's load 0.37 s of its 0.42 s on an H200 host (docs/benchmarks.md)
+# Imported by the server too, once (`preload`): `load_inline`'s module pulls in setuptools, and compiling those
+# sources in every worker cost each extension candidate's load 0.37 s of its 0.42 s on an H200 host
 PRELOADED = "torch.utils.cpp_extension"
 
 # -- server --------------------------------------------------------------------------------------------------
@@ -190,6 +190,21 @@ class _Server:
                 conn.close()
 
 
+def preload() -> None:
+    """Import PRELOADED without the one CUDA call it makes: on import it asks `torch.cuda.is_available()` (a
+    `cudaGetDeviceCount`, only to warn when CUDA_HOME is set but no GPU is seen), which initialises the driver
+    here, and every fork of a process that did that fails its first CUDA call ("Cannot re-initialize CUDA in
+    forked subprocess", torch 2.11 on an H200 host). Nothing else of the module depends on the answer."""
+    import torch
+
+    asked = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        importlib.import_module(PRELOADED)
+    finally:
+        torch.cuda.is_available = asked
+
+
 def serve_forever(control_fd: int, parent: int) -> None:
     """The server's life: die with the harness, import, say ready, fork on request."""
     signal.signal(signal.SIGTERM, _exit_on_signal)  # so the cleanup below runs (children die either way)
@@ -200,7 +215,7 @@ def serve_forever(control_fd: int, parent: int) -> None:
     try:
         import torch  # noqa: F401  (the point of the server: imported once, before any fork)
 
-        importlib.import_module(PRELOADED)
+        preload()
         importlib.import_module(WORKER_MODULE)  # its imports (timing binds its clocks here); rerun per child
         skip_library_finalizers()  # what the imports registered: no worker spends its exit tearing them down
 
