@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -202,8 +203,6 @@ def discover(with_cuda: bool, build_env: dict[str, str]) -> PchRecord:
 
 def precompile(record: PchRecord, folder: Path, build_env: dict[str, str]) -> PchRecord:
     """Compile `record.header` into `folder/GCH` with the record's flags; the wrapper source is removed after."""
-    import time
-
     source = folder / "source" / "kbeval_pch.h"
     source.parent.mkdir()
     source.write_text(record.header)
