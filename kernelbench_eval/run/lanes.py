@@ -77,9 +77,18 @@ def lane_specs(device: str, gpus: list[str] | None, count: int | None = None) ->
     return [LaneSpec(f"cuda:{gpu}", gpu_env.pinned_to(gpu)) for gpu in gpus[: count or len(gpus)]]
 
 
+HARNESS_THREADS = 1  # torch's intra-op threads in the process that hosts lanes (`EvalLane`)
+
+
 class EvalLane:
     def __init__(self, spec: LaneSpec, config: LaneConfig) -> None:
         self.spec, self.config = spec, config
+        # The lane's own torch work is bookkeeping (the bootstrap intervals of `stats`). A pool sized for the
+        # whole machine before `cores.reserve` narrowed this process onto the lanes' cores made those intervals
+        # 0.55 s of each 71_Conv2d candidate on an H200 host, in a script that had used torch before starting
+        # the run (`kbeval` itself sizes the pool later and did not show it: docs/benchmarks.md); its idle
+        # threads spin on the timed workers' cores. Models run in the workers, which size their own pools.
+        torch.set_num_threads(HARNESS_THREADS)
         self.store = BaselineStore(config.baselines)
         self.seeds = Secrets.draw(config.settings.trials)
         self.refs: OrderedDict[str, ReferenceSide] = OrderedDict()  # open references, least recently used first
