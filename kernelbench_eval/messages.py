@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelbench_eval.records import Device, KernelCount, KernelRow, SandboxRecord
+from kernelbench_eval.containment import SandboxRecord
+from kernelbench_eval.records import Device, KernelCount, KernelRow
 
 
 class TensorMeta(BaseModel):

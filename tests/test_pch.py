@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelbench_eval.build import pch
+from kernelbench_eval.containment import SandboxRecord
 from kernelbench_eval.isolation import landlock, sandbox
-from kernelbench_eval.records import SandboxRecord
 from kernelbench_eval.store import keys
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

@@ -32,12 +32,12 @@ import torch
 from conftest import FIXTURES, ROOT, pythonpath
 
 from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, compile_candidate
+from kernelbench_eval.containment import CONTAINMENT, SandboxRecord
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.isolation.workerenv import worker_env
 from kernelbench_eval.messages import WorkerRequest
-from kernelbench_eval.records import CONTAINMENT, SandboxRecord
 from kernelbench_eval.store import keys
 
 SBX = FIXTURES / "attacks_sandbox"
@@ -205,7 +205,7 @@ PRIMITIVES = textwrap.dedent("""
     import ctypes, json, os, resource, signal, socket, sys
     from pathlib import Path
     from kernelbench_eval.isolation import sandbox
-    from kernelbench_eval.records import SandboxSpec
+    from kernelbench_eval.containment import SandboxSpec
     victim, port, udp_port = (int(a) for a in sys.argv[1:4])
     outside, own = sys.argv[4:6]
     layers = [name for name in sys.argv[6].split(",") if name]

@@ -38,9 +38,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from kernelbench_eval.containment import SandboxRecord
 from kernelbench_eval.isolation import cores, landlock, sandbox
 from kernelbench_eval.isolation.workerenv import PACKAGE_ROOT, worker_env
-from kernelbench_eval.records import SandboxRecord
 from kernelbench_eval.store import keys, locks, paths
 
 MODE_VAR = "KBEVAL_PCH"

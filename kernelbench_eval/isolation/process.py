@@ -22,12 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kernelbench_eval.containment import SandboxRecord, SandboxSpec
 from kernelbench_eval.isolation import forkclient, linux, sandbox
 from kernelbench_eval.isolation.cgroups import Leaf
 from kernelbench_eval.isolation.forkclient import TOKEN_VAR, ForkedChild
 from kernelbench_eval.isolation.workerenv import worker_environment
 from kernelbench_eval.messages import WorkerReply, WorkerRequest
-from kernelbench_eval.records import SandboxRecord, SandboxSpec
 
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giving up on it

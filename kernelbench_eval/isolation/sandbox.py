@@ -42,9 +42,9 @@ import threading
 from pathlib import Path
 from typing import Literal
 
+from kernelbench_eval.containment import SandboxRecord, SandboxSpec
 from kernelbench_eval.isolation import capabilities, cgroups, landlock, seccomp
 from kernelbench_eval.messages import WorkerReply
-from kernelbench_eval.records import SandboxRecord, SandboxSpec
 
 SPEC_VAR = "KBEVAL_SANDBOX_SPEC"  # the spec, in the worker's environment (popped before candidate code runs)
 OFF_VAR = "KBEVAL_SANDBOX_OFF"
