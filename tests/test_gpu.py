@@ -99,7 +99,8 @@ def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_comput
 
 
 def test_graph_replay_times_capturable_models_and_falls_back_for_others():
-    from kernelbench_eval.judge.timing import Rotation, capture_graph, time_block
+    from kernelbench_eval.judge.cudagraph import capture_graph
+    from kernelbench_eval.judge.timing import Rotation, time_block
 
     rotation = Rotation([[torch.randn(1024, 1024, device="cuda")]])
     replay, error = capture_graph(lambda x: torch.relu(x) * 2, rotation)

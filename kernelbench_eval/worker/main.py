@@ -23,7 +23,7 @@ from typing import Any
 from kernelbench_eval.build import pch
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
-from kernelbench_eval.judge import cudart, timing
+from kernelbench_eval.judge import cudagraph, cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
@@ -118,7 +118,7 @@ class Worker(ReferenceOps, CandidateOps):
         if req.warmup:  # in the pool too: its segments are carved before timing
             timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
         if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
-            self.replay, self.graph_error = timing.capture_graph(model, self.rotation)
+            self.replay, self.graph_error = cudagraph.capture_graph(model, self.rotation)
         keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
                   else self.store_keeper(req.first, len(req.schedule)))
         block = timing.time_block(model, self.rotation, req.schedule, self.device,
