@@ -12,7 +12,13 @@ from conftest import FIXTURES, kbeval, read_verdicts
 
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import declared_devices
-from kernelbench_eval.judge.launches import NO_CUSTOM_WARNING, is_custom_event, kernels_of, warning_for
+from kernelbench_eval.judge.launches import (
+    NO_CUSTOM_WARNING,
+    is_custom_event,
+    kernels_of,
+    profile_model,
+    warning_for,
+)
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import KernelCount
 from kernelbench_eval.worker.main import Worker, classify
@@ -51,6 +57,42 @@ def test_custom_events_are_matched_by_name_and_address() -> None:
     assert is_custom_event("myext::fused_relu", functions)  # TORCH_LIBRARY(myext, ...)
     assert not is_custom_event("aten::addmm", functions) and not is_custom_event("kbeval::forward", functions)
     assert is_custom_event("triton/runtime/jit.py(700): run", functions)
+
+
+def test_an_extension_called_from_python_is_custom_where_the_tracer_records_no_c_call(tmp_path: Path) -> None:
+    """torch 2.11+cu130's Python tracer (H200 host) recorded no C call, so an extension's function called from
+    Python showed as library time; the harness's marks show it without the tracer. The extension is a stand-in
+    compiled by nobody: a native module of the standard library loaded again from outside the installed
+    packages, called through its module and through a name a candidate's module bound at import."""
+    import _bisect
+    import importlib.util
+    import shutil
+    import types
+
+    if not str(getattr(_bisect, "__file__", "")).endswith(".so"):
+        pytest.skip("this interpreter's _bisect is built in")
+    copy = tmp_path / Path(_bisect.__file__).name
+    shutil.copyfile(_bisect.__file__, copy)
+    spec = importlib.util.spec_from_file_location("_bisect", copy)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    candidate = types.ModuleType("kbeval_test_candidate")
+    candidate.ext = ext
+    exec("right = ext.bisect_right\ndef forward(x):\n    ext.bisect_left(list(range(100)), 50)\n"
+         "    right(list(range(100)), 50)\n    return x.relu()\n", candidate.__dict__)
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return candidate.forward(x)
+
+    counted = profile_model(Model(), [torch.rand(2, 8)], "cpu", python_tracer=False)
+    assert counted.count.custom == 2 and counted.count.library >= 1
+    assert {(r.name, r.kind) for r in counted.rows} >= {("bisect_left (extension)", "custom"),
+                                                        ("bisect_right (extension)", "custom"),
+                                                        ("aten::relu", "library")}
+    restored = {type(ext.bisect_left).__name__, type(candidate.right).__name__}  # the originals, once it is done
+    assert restored == {"builtin_function_or_method"}
+    assert profile_model(Model(), [torch.rand(2, 8)], "cpu").count.custom == 2  # with the tracer: counted once each
 
 
 def test_build_warmup_calls_the_candidate_on_problem_shaped_inputs(tmp_path: Path) -> None:

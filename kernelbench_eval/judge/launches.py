@@ -8,7 +8,10 @@ with `torch.profiler` and the Python tracer (`with_stack=True`) and sorts what r
   `load_inline`/`load` extension: the tracer records it as `<built-in method NAME of ... object at ADDR>`,
   matched by name and address against the functions of those modules, never by name alone; torch.compile's
   generated modules are PyTorch's), an operator
-  of a non-library namespace (`TORCH_LIBRARY(myext, ...)`), or a Triton `@triton.jit` launch.
+  of a non-library namespace (`TORCH_LIBRARY(myext, ...)`), or a Triton `@triton.jit` launch. While it
+  profiles, the harness also puts each such function, wherever a module refers to it, behind a wrapper that
+  opens a `kbeval::extension::NAME` range (`_marked`): some builds' Python tracer records no C call at all
+  (torch 2.11+cu130 on the H200 host), and an extension called from Python then showed as library time.
 - **library**: the outermost `aten::` (and other torch-namespace) operators outside any custom call.
 
 On the CPU there are no kernels to count, so each outermost call is one unit and time is its wall time in
@@ -21,12 +24,15 @@ device time on CUDA and of profiled op time on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import re
 import sys
 import sysconfig
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +49,7 @@ _LIBRARY_KERNEL = re.compile(r"at::|aten|cublas|cudnn|cutlass|xmma|gemm|gemv|sge
                              r"Memcpy|Memset|elementwise_kernel|reduce_kernel|triton_(poi|red|per|tem)_",
                              re.IGNORECASE)
 FORWARD = "kbeval::forward"  # marks the profiled call; what ran outside it is not the model's
+EXTENSION_MARK = "kbeval::extension::"  # + a function's name: the range `_marked` opens around each call of it
 NO_CUSTOM_WARNING = "no custom kernel ran: every kernel of one forward came from PyTorch's libraries"
 
 
@@ -62,8 +69,10 @@ def warning_for(count: KernelCount | None) -> str | None:
     return NO_CUSTOM_WARNING if count is not None and count.custom == 0 else None
 
 
-def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1) -> Counted:
-    """Profile one forward after `warmup` untimed calls (at least one: lazy init and JIT stay out)."""
+def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1, python_tracer: bool = True
+                  ) -> Counted:
+    """Profile one forward after `warmup` untimed calls (at least one: lazy init and JIT stay out).
+    `python_tracer` False stands for a build whose tracer records no C calls (the marks must then do)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -75,7 +84,7 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1) -
         # The first traced session pays one-off costs (tracer start, first op under the profiler): trace two,
         # keep the second.
         for _ in range(2):
-            with profile(activities=activities, with_stack=True) as prof:
+            with _marked(), profile(activities=activities, with_stack=python_tracer) as prof:
                 torch.zeros(1)  # the first op recorded pays the session's start-up: not one of the model's
                 with record_function(FORWARD):
                     model(*inputs)
@@ -92,34 +101,79 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1) -
 def custom_functions() -> set[tuple[str, str | None]]:
     """(name, hex address of its pybind record or None) of every function in a native module loaded from
     outside the interpreter's installed packages: the candidate's extensions (and Triton's launchers)."""
-    installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib", "platstdlib")
-                 if (p := sysconfig.get_paths().get(key))}
     found: set[tuple[str, str | None]] = set()
-    # `load_inline` does not register its module in sys.modules: find every live module object instead.
+    for module, name, obj in _extension_functions(_live_modules()):
+        owner = getattr(obj, "__self__", None)
+        address = hex(id(owner)) if owner is not None and owner is not module else None
+        found.add((getattr(obj, "__name__", name), address))
+    return found
+
+
+def _live_modules() -> list[ModuleType]:
+    """Every module object alive: `load_inline` does not register its module in sys.modules."""
     with warnings.catch_warnings():  # isinstance on lazily deprecated modules warns
         warnings.simplefilter("ignore")
         live = [o for o in gc.get_objects() if isinstance(o, ModuleType)]
-    modules = {id(m): m for m in [*sys.modules.values(), *live]}
-    for module in modules.values():
+    return list({id(m): m for m in [*sys.modules.values(), *live]}.values())
+
+
+def _extension_functions(modules: list[ModuleType]) -> list[tuple[ModuleType, str, Any]]:
+    """(module, attribute, function) of every native function of a module loaded from outside the installed
+    packages (torch.compile's generated code, in inductor's cache `torchinductor_<user>`, is PyTorch's)."""
+    installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib", "platstdlib")
+                 if (p := sysconfig.get_paths().get(key))}
+    found = []
+    for module in modules:
         file = getattr(module, "__file__", None) or ""
         if not file.endswith((".so", ".pyd")):
             continue
         path = Path(file).resolve()
-        # torch.compile's generated code (inductor's cache, `torchinductor_<user>`) is PyTorch's, not the candidate's
         if any(path.is_relative_to(root) for root in installed) or "torchinductor" in str(path):
             continue
-        for name, obj in list(vars(module).items()):
-            if type(obj).__name__ == "builtin_function_or_method":
-                owner = getattr(obj, "__self__", None)
-                address = hex(id(owner)) if owner is not None and owner is not module else None
-                found.add((getattr(obj, "__name__", name), address))
+        found += [(module, name, obj) for name, obj in list(vars(module).items())
+                  if type(obj).__name__ == "builtin_function_or_method"]
     return found
+
+
+@contextmanager
+def _marked() -> Iterator[None]:
+    """Every module attribute that is one of the extensions' functions (in the extension, and where a module
+    bound it, like `relu = ext.relu_loop`) calls it inside a `kbeval::extension::NAME` range meanwhile."""
+    modules = _live_modules()
+    functions = {id(obj): obj for _, _, obj in _extension_functions(modules)}
+    wrappers = {key: _mark(obj) for key, obj in functions.items()}
+    swapped: list[tuple[ModuleType, str, Any]] = []
+    for module in modules:
+        for name, obj in list(vars(module).items()) if functions else []:
+            if id(obj) in functions and obj is functions[id(obj)]:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(module, name, wrappers[id(obj)])
+                    swapped.append((module, name, obj))
+    try:
+        yield
+    finally:
+        for module, name, obj in swapped:
+            setattr(module, name, obj)
+
+
+def _mark(function: Any) -> Any:
+    from torch.autograd.profiler import record_function
+
+    label = EXTENSION_MARK + getattr(function, "__name__", "extension")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with record_function(label):
+            return function(*args, **kwargs)
+
+    return call
 
 
 def is_custom_event(name: str, functions: set[tuple[str, str | None]]) -> bool:
     """A CPU event that is the candidate's own: an extension call, a custom-namespace op, a Triton launch."""
     if name == FORWARD:
         return False
+    if name.startswith(EXTENSION_MARK):
+        return True
     match = _PYBIND_CALL.match(name)
     if match:
         return (match.group(1), match.group(2)) in functions
@@ -185,8 +239,8 @@ def _cuda_units(events: list[Any], functions: set[tuple[str, str | None]]) -> li
 
 def _display(name: str) -> str:
     match = _PYBIND_CALL.match(name)
-    if match:
-        return f"{match.group(1)} (extension)"
+    if match or name.startswith(EXTENSION_MARK):
+        return f"{match.group(1) if match else name.removeprefix(EXTENSION_MARK)} (extension)"
     frame = _TRITON_FRAME.search(name)
     return "triton launch" if frame else name
 
