@@ -290,9 +290,9 @@ def test_start_to_first_reply_latency(tmp_path: Path, monkeypatch: pytest.Monkey
 
 _COUNTING_HARNESS = """
 import json, os, sys, threading
-from kernelbench_eval.isolation import forkclient
+from kernelbench_eval.isolation import forkclient, forkpool
 starts, spawns = [], []
-real_start, real_spawn = forkclient.ForkServer.start, forkclient.spawn
+real_start, real_spawn = forkpool.ForkServer.start, forkclient.spawn
 
 def start(self):
     starts.append(threading.current_thread().name)
@@ -303,7 +303,7 @@ def spawn(*args, **kwargs):
     spawns.append(type(child).__name__)
     return child
 
-forkclient.ForkServer.start, forkclient.spawn = start, spawn
+forkpool.ForkServer.start, forkclient.spawn = start, spawn
 
 def report():
     with open(os.environ["KBEVAL_TEST_REPORT"], "w") as out:

@@ -4,11 +4,12 @@ Why: every candidate costs two workers (check, then timing), and a cold `python 
 spends seconds importing torch before it can answer. A fork of an interpreter that has imported torch (and
 never touched CUDA) answers in milliseconds.
 
-Three roles: the harness side lives in `forkclient` (re-exported here), the server in this file, the
-child in `forkchild`:
+Three roles: the harness side lives in `forkclient` and `forkpool` (re-exported here), the server in this
+file, the child in `forkchild`:
 
-- **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; `forkclient` starts
-  the server for the worker's base environment once and gets back a `ForkedChild` (or None: start cold).
+- **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; `forkclient` has
+  `forkpool` start the server for the worker's base environment once and gets back a `ForkedChild` (or None:
+  start cold).
 - **Server** (`python -m kernelbench_eval.isolation.forkserver`): imports torch and the worker, then reads spawn
   requests from a control socket, one end of a socketpair the harness created and passed it at start. It
   never runs candidate code and never initialises CUDA (checked before every fork: a CUDA context does not
@@ -48,20 +49,22 @@ from typing import Any
 from kernelbench_eval.cli.entry import skip_library_finalizers
 from kernelbench_eval.isolation.forkchild import child, token_address
 from kernelbench_eval.isolation.forkclient import (  # noqa: F401  (the harness side, re-exported)
-    _SERVERS,
     FORK_SAFE_VARS,
     MAX_REQUEST_BYTES,
-    REPLY_TIMEOUT,
     SWITCH_VAR,
     TOKEN_LENGTH,
     TOKEN_PLACEHOLDER,
     TOKEN_VAR,
     WORKER_MODULE,
     ForkedChild,
-    ForkServer,
-    _read_line,
     enabled,
     spawn,
+)
+from kernelbench_eval.isolation.forkpool import (  # noqa: F401  (the harness side, re-exported)
+    _SERVERS,
+    REPLY_TIMEOUT,
+    ForkServer,
+    _read_line,
     stop_all,
 )
 from kernelbench_eval.isolation.linux import die_with_parent, keep_memory_private, open_fds
