@@ -188,7 +188,8 @@ def main() -> None:
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = [f"{gpu}, {os.cpu_count()} CPU cores, PyTorch {torch.__version__}; {when}.",
-              f"{count} GPU candidates of the seed corpus ({', '.join(args.problem) or 'every problem'}), real sizes. "
+              f"{count} GPU candidate{'s' if count != 1 else ''} of the seed corpus "
+              f"({', '.join(args.problem) or 'every problem'}), real sizes. "
               f"Command: `python3 bench/vs_kernelbench.py --kb .anchors/kernelbench "
               + " ".join(f"--problem {p}" for p in args.problem) + f" --jobs {args.jobs}"
               + (f" --copies {args.copies}" if args.copies > 1 else "")
