@@ -314,6 +314,35 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
             proc.stdout.close()
 
 
+def test_killing_marked_processes_scans_again_until_none_is_left(monkeypatch: pytest.MonkeyPatch):
+    """A marked process that forks while a scan runs (or is mid-exec) shows only to the next scan: the child
+    born after the first scan is killed too, and a bystander never."""
+    import signal
+
+    from kernelbench_eval.isolation import linux, process
+    from kernelbench_eval.isolation.forkclient import TOKEN_VAR
+
+    marked, other = f"{TOKEN_VAR}=tok".encode(), f"{TOKEN_VAR}=else".encode()
+    alive = {101: marked, 102: other}
+    born = iter([{103: marked}])  # 101's child, forked while the first scan ran
+
+    def scan():
+        yield from list(alive.items())
+        alive.update(next(born, {}))
+
+    killed: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        assert sig == signal.SIGKILL
+        killed.append(pid)
+        alive.pop(pid, None)
+
+    monkeypatch.setattr(linux, "environments", scan)
+    monkeypatch.setattr(process.os, "kill", kill)
+    process._kill_marked("tok")
+    assert sorted(killed) == [101, 103] and 102 in alive
+
+
 def test_polling_a_pipe_stops_once_there_is_something_to_read_or_when_its_time_is_up():
     """`linux.poll_readable`: how a woken candidate waits for its timed call, and the harness for a timed call's
     reply where it has a core of its own; it returns as soon as the pipe is readable, or after its time."""

@@ -31,6 +31,7 @@ from kernelbench_eval.messages import WorkerReply, WorkerRequest
 
 LOG_CAP_BYTES = int(os.environ.get("KBEVAL_LOG_CAP", 1 << 20))  # of one worker's output; the rest is dropped
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's exit status before giving up on it
+KILL_ROUNDS = 50  # scans for processes carrying a worker's token, at most, until one finds none (`_kill_marked`)
 class WorkerFailure(Exception):
     """A worker did not do what was asked: it timed out, died, exited without a reply, or answered with an
     error (`status` is then the reply's kind: load_error, runtime_error, compile_error). The one error type
@@ -279,11 +280,17 @@ def _copy_capped(stream: object, log_path: Path) -> None:
                     log.flush()
 
 
-def _kill_marked(token: str) -> None:
-    """Kill any process whose environment carries `token`: what a worker left behind outside its group."""
+def _kill_marked(token: str, rounds: int = KILL_ROUNDS) -> None:
+    """Kill any process whose environment carries `token`: what a worker left behind outside its group (where
+    no cgroup holds it). Scanned again until a scan finds none: a marked process that forks while a scan runs,
+    or is in the middle of an exec, shows (its child, its new image) only to the next scan."""
     needle = f"{TOKEN_VAR}={token}".encode()
-    for pid, environ in linux.environments():
-        if needle in environ.split(b"\0"):
+    for _ in range(rounds):
+        found = [pid for pid, environ in linux.environments() if needle in environ.split(b"\0")]
+        if not found:
+            return
+        for pid in found:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)  # a killed process's /proc entry stays readable until it has died
 
