@@ -81,10 +81,12 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1, p
         for _ in range(max(1, warmup)):
             model(*inputs)
         _sync(device)
+        modules = _live_modules()  # once, after the warm-up loaded what the model loads: gc's walk is the cost
+        extensions = _extension_functions(modules)
         # The first traced session pays one-off costs (tracer start, first op under the profiler): trace two,
         # keep the second.
         for _ in range(2):
-            with _marked(), profile(activities=activities, with_stack=python_tracer) as prof:
+            with _marked(modules, extensions), profile(activities=activities, with_stack=python_tracer) as prof:
                 torch.zeros(1)  # the first op recorded pays the session's start-up: not one of the model's
                 with record_function(FORWARD):
                     model(*inputs)
@@ -93,16 +95,16 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1, p
     cpu = torch.autograd.DeviceType.CPU  # device kernels stay; CPU events only from inside the forward
     events = [e for e in events if e.device_type != cpu
               or (e.name != FORWARD and any(a.name == FORWARD for a in _ancestors(e)))]
-    functions = custom_functions()
+    functions = _identities(extensions)
     units = _cuda_units(events, functions) if device == "cuda" else _cpu_units(events, functions)
     return _summarise(units, device)
 
 
-def custom_functions() -> set[tuple[str, str | None]]:
-    """(name, hex address of its pybind record or None) of every function in a native module loaded from
-    outside the interpreter's installed packages: the candidate's extensions (and Triton's launchers)."""
+def _identities(extensions: list[tuple[ModuleType, str, Any]]) -> set[tuple[str, str | None]]:
+    """(name, hex address of its pybind record or None) of each extension function: what the tracer's
+    `<built-in method NAME of ... object at ADDR>` is matched against (`is_custom_event`)."""
     found: set[tuple[str, str | None]] = set()
-    for module, name, obj in _extension_functions(_live_modules()):
+    for module, name, obj in extensions:
         owner = getattr(obj, "__self__", None)
         address = hex(id(owner)) if owner is not None and owner is not module else None
         found.add((getattr(obj, "__name__", name), address))
@@ -136,16 +138,14 @@ def _extension_functions(modules: list[ModuleType]) -> list[tuple[ModuleType, st
 
 
 @contextmanager
-def _marked() -> Iterator[None]:
-    """Every module attribute that is one of the extensions' functions (in the extension, and where a module
-    bound it, like `relu = ext.relu_loop`) calls it inside a `kbeval::extension::NAME` range meanwhile."""
-    modules = _live_modules()
-    functions = {id(obj): obj for _, _, obj in _extension_functions(modules)}
-    wrappers = {key: _mark(obj) for key, obj in functions.items()}
+def _marked(modules: list[ModuleType], extensions: list[tuple[ModuleType, str, Any]]) -> Iterator[None]:
+    """Every attribute of `modules` that is one of the `extensions`' functions (in the extension, and where a
+    module bound it, like `relu = ext.relu_loop`) calls it inside a `kbeval::extension::NAME` range meanwhile."""
+    wrappers = {id(obj): _mark(obj) for _, _, obj in extensions}  # the functions stay alive: ids stay theirs
     swapped: list[tuple[ModuleType, str, Any]] = []
-    for module in modules:
-        for name, obj in list(vars(module).items()) if functions else []:
-            if id(obj) in functions and obj is functions[id(obj)]:
+    for module in modules if wrappers else []:
+        for name, obj in list(vars(module).items()):
+            if id(obj) in wrappers:
                 with contextlib.suppress(AttributeError, TypeError):
                     setattr(module, name, wrappers[id(obj)])
                     swapped.append((module, name, obj))
