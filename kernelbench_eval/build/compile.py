@@ -36,7 +36,7 @@ from kernelbench_eval.build import pch
 from kernelbench_eval.build.relocate import rewrite_triton
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
-from kernelbench_eval.isolation import lending, sandbox
+from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import CompileRecord
@@ -254,7 +254,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
         stage = "compile"
         try:
-            with worker, lending.lent(worker.pid):  # the lanes' cores too, while no lane works
+            with worker:
                 reply = worker.request(req, timeout)
                 if reply.ok and warm is not None:
                     stage, warm_started = "warm-up call", time.perf_counter()

@@ -200,11 +200,6 @@ class WorkerProcess:
         return f"exited with code {code} without a verdict"
 
     @property
-    def pid(self) -> int:  # also its session's id: a session of its own
-        assert self.proc is not None, "not started"
-        return self.proc.pid
-
-    @property
     def leaf(self) -> Leaf | None:
         """Its cgroup leaf, where the sandbox made one (every process it started is in it)."""
         return self._leaf

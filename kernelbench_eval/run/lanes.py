@@ -22,7 +22,7 @@ import torch
 from kernelbench_eval.build.compile import Compiled, compile_candidate
 from kernelbench_eval.build.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
-from kernelbench_eval.isolation import cores, lending
+from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation import gpus as gpu_env
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
@@ -95,18 +95,16 @@ class EvalLane:
 
     def evaluate(self, problem: Problem, path: Path, compiled: Compiled, ref_log: Path, log: Path) -> LaneResult:
         """The findings on one compiled candidate, judged on this lane's device."""
-        with lending.working():  # no build on the lanes' cores from here on (`lending`)
-            ref, opened = self._reference_for(problem, ref_log)
-            if ref.error:
-                return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
-            findings = judge(ref, compiled, path, log, self.config.timeout)
+        ref, opened = self._reference_for(problem, ref_log)
+        if ref.error:
+            return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
+        findings = judge(ref, compiled, path, log, self.config.timeout)
         findings.lane = self.spec.label
         return LaneResult(findings, ref.warning if opened else None, ref.baseline_key)
 
     def prepare(self, problem: Problem, ref_log: Path) -> Prepared:
         """Open `problem`'s reference (and measure its baselines) before any of its candidates is ready."""
-        with lending.working():
-            ref, opened = self._reference_for(problem, ref_log)
+        ref, opened = self._reference_for(problem, ref_log)
         return Prepared(ref.warning if opened else None, ref.baseline_key)
 
     def holds(self) -> list[str]:
@@ -184,8 +182,8 @@ class LocalBackend:
     def lanes(self, config: LaneConfig, gpus: list[str] | None, count: int | None) -> list[LaneHandle]:
         specs = lane_specs(config.settings.device, gpus, count)
         if config.settings.device == "cuda":  # the timed processes on cores no build shares (`cores`)
-            lending.open_lender(cores.reserve([spec.env for spec in specs]))  # but while no lane works
+            cores.reserve([spec.env for spec in specs])
         return [EvalLane(spec, config) for spec in specs]
 
     def close(self) -> None:
-        lending.close()
+        pass
