@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbench_eval.isolation import cores, forkserver
+from kernelbench_eval.isolation import cores, forkclient
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.messages import WorkerRequest
 
@@ -56,7 +56,7 @@ def test_nothing_is_reserved_on_a_small_box(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("forking", ["1", "0"])
 def test_a_worker_pins_itself_to_the_cores_its_environment_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  forking: str):
-    monkeypatch.setenv(forkserver.SWITCH_VAR, forking)
+    monkeypatch.setenv(forkclient.SWITCH_VAR, forking)
     one = min(os.sched_getaffinity(0))
     with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}) as worker:
         worker.call(WorkerRequest(op="export", calls=[]), 60)  # it has started and answered

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, pythonpath
 
-from kernelbench_eval.isolation import forkserver
-from kernelbench_eval.isolation.forkserver import ForkedChild
+from kernelbench_eval.isolation import forkclient, forkpool
+from kernelbench_eval.isolation.forkclient import ForkedChild
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.exchange import output_layout
 from kernelbench_eval.messages import WorkerRequest
@@ -33,7 +33,7 @@ TIMEOUT = 60.0
 
 @pytest.fixture(autouse=True)
 def forking_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(forkserver.SWITCH_VAR, raising=False)
+    monkeypatch.delenv(forkclient.SWITCH_VAR, raising=False)
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_setsid_grandchildren_carrying_the_token_are_killed(tmp_path: Path, pids
         assert worker.request(import_request(path, "ModelNew"), TIMEOUT).ok
         pids = read_pids(tmp_path / "pids")
         pids_to_clean.extend(pids)
-        token = f"{forkserver.TOKEN_VAR}={worker._token}".encode()
+        token = f"{forkclient.TOKEN_VAR}={worker._token}".encode()
         for pid in [worker.proc.pid, *pids]:  # what the harness looks for after the group is gone
             assert token in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
             assert os.getsid(pid) != os.getsid(worker.proc.pid) or pid == worker.proc.pid
@@ -214,7 +214,7 @@ def test_environment_and_state_are_the_workers_own(tmp_path: Path) -> None:
     assert first["argv"][1] == "--reply-fd"
     assert "Warning" not in (tmp_path / "worker.log").read_text()
     assert len(first["fds"]) <= 5, first["fds"]  # 0, 1, 2, the reply pipe, and the listing's own fd
-    assert len(forkserver._SERVERS) >= 2  # KBEVAL_TEST_OTHER may matter at import time: its own server
+    assert len(forkpool.servers()) >= 2  # KBEVAL_TEST_OTHER may matter at import time: its own server
 
 
 def test_no_socket_path_to_replace(tmp_path: Path) -> None:
@@ -225,7 +225,7 @@ def test_no_socket_path_to_replace(tmp_path: Path) -> None:
     """
     with forked(tmp_path) as worker:
         assert type(worker.proc).__name__ == "ForkedChild"
-        server = next(iter(forkserver._SERVERS.values()))
+        server = forkpool.servers()[0]
         argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().split(b"\0")
         fds = [os.readlink(f"/proc/{server.proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.proc.pid}/fd")]
     assert b"--socket" not in argv and b"--control-fd" in argv
@@ -248,11 +248,11 @@ def _kill_a_harness_with_its_server_and_worker(tmp_path: Path) -> tuple[int, int
     harness = f"""
 import os, sys, time
 from pathlib import Path
-from kernelbench_eval.isolation import forkserver
+from kernelbench_eval.isolation import forkpool
 from kernelbench_eval.isolation.process import WorkerProcess
 w = WorkerProcess(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / "log")
 w.start()
-server = next(iter(forkserver._SERVERS.values()))
+server = forkpool.servers()[0]
 print(server.proc.pid, w.proc.pid, type(w.proc).__name__, flush=True)
 time.sleep(600)
 """
@@ -279,7 +279,7 @@ def test_start_to_first_reply_latency(tmp_path: Path, monkeypatch: pytest.Monkey
     """Printed, not asserted: a forked worker (server already warm) against a cold interpreter."""
     _first_reply_seconds(tmp_path)  # the server's own start is paid once per harness, not per worker
     forked_runs = [_first_reply_seconds(tmp_path) for _ in range(3)]
-    monkeypatch.setenv(forkserver.SWITCH_VAR, "0")
+    monkeypatch.setenv(forkclient.SWITCH_VAR, "0")
     cold_runs = [_first_reply_seconds(tmp_path) for _ in range(2)]
     assert {kind for _, kind in forked_runs} == {"ForkedChild"}
     assert {kind for _, kind in cold_runs} == {"Popen"}
@@ -328,7 +328,7 @@ def test_a_run_starts_its_fork_server_first_and_only_once(tmp_path: Path) -> Non
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=pythonpath(), KBEVAL_CACHE_DIR=str(tmp_path / "cache"),
                KBEVAL_TEST_REPORT=str(report), COLUMNS="200")
-    env.pop(forkserver.SWITCH_VAR, None)
+    env.pop(forkclient.SWITCH_VAR, None)
     env.pop("MAX_JOBS", None)  # the run sets it after the server started
     args = ["run", "--device", "cpu", "--problems", str(FIXTURES / "problems"), "--candidates",
             str(tmp_path / "candidates"), "--trials", "1", "--no-compile-baseline", "--reps", "5",

@@ -53,7 +53,7 @@ class ForkServer:
         finally:
             theirs.close()
         assert self.proc.stdout is not None
-        line = _read_line(self.proc.stdout.fileno(), READY_TIMEOUT)
+        line = read_line(self.proc.stdout.fileno(), READY_TIMEOUT)
         self.proc.stdout.close()
         if line != b"ready":
             raise RuntimeError(f"fork server did not start: {line.decode(errors='replace')[:300] or 'no answer'}")
@@ -176,6 +176,12 @@ def drop_server(server: ForkServer, exc: BaseException) -> None:
     server.stop()
 
 
+def servers() -> list[ForkServer]:
+    """The servers running now, one per base environment."""
+    with _LOCK:
+        return list(_SERVERS.values())
+
+
 def stop_all() -> None:
     """Stop every server (at exit; their children die with them). One still starting (a harness that ends
     early, on a usage error, say) is killed at once, not waited for: its start then fails, freeing the lock."""
@@ -191,7 +197,7 @@ def stop_all() -> None:
         server.stop()
 
 
-def _read_line(fd: int, timeout: float) -> bytes:
+def read_line(fd: int, timeout: float) -> bytes:
     """One line from `fd` within `timeout` seconds (without its newline); what came so far if not."""
     deadline = time.monotonic() + timeout
     data = b""

@@ -48,25 +48,8 @@ from typing import Any
 
 from kernelbench_eval.cli.entry import skip_library_finalizers
 from kernelbench_eval.isolation.forkchild import child, token_address
-from kernelbench_eval.isolation.forkclient import (  # noqa: F401  (the harness side, re-exported)
-    FORK_SAFE_VARS,
-    MAX_REQUEST_BYTES,
-    SWITCH_VAR,
-    TOKEN_LENGTH,
-    TOKEN_PLACEHOLDER,
-    TOKEN_VAR,
-    WORKER_MODULE,
-    ForkedChild,
-    enabled,
-    spawn,
-)
-from kernelbench_eval.isolation.forkpool import (  # noqa: F401  (the harness side, re-exported)
-    _SERVERS,
-    REPLY_TIMEOUT,
-    ForkServer,
-    _read_line,
-    stop_all,
-)
+from kernelbench_eval.isolation.forkclient import MAX_REQUEST_BYTES, TOKEN_VAR, WORKER_MODULE
+from kernelbench_eval.isolation.forkpool import REPLY_TIMEOUT, read_line
 from kernelbench_eval.isolation.linux import die_with_parent, keep_memory_private, open_fds
 
 # Imported by the server too, once (`preload`): `load_inline`'s module pulls in setuptools, and compiling those
@@ -160,7 +143,7 @@ class _Server:
             child(self, conn, fds, env, cwd, started_write)
         os.close(started_write)
         try:  # wait for its setsid: the harness may killpg(pid) as soon as it has the pid
-            if _read_line(started_read, REPLY_TIMEOUT) != b"started":
+            if read_line(started_read, REPLY_TIMEOUT) != b"started":
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                 raise RuntimeError("the forked child died before it started")
