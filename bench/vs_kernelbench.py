@@ -10,8 +10,9 @@ the issue names; the section's earlier runs and readings stay below them) and ra
 $OUT/vs_kernelbench.json. The yardstick is never part of this project: pass its folder
 (a git-excluded copy carried to the GPU machine) with --kb.
 
+    python3 bench/vs_kernelbench.py --kb .anchors/kernelbench            # every GPU candidate of the corpus
     python3 bench/vs_kernelbench.py --kb .anchors/kernelbench --problem 45_Gemm_Sigmoid_LogSumExp \
-        --problem 71_Conv2d_Divide_LeakyReLU
+        --problem 71_Conv2d_Divide_LeakyReLU                              # the issue's first 10 candidates
 """
 
 from __future__ import annotations
