@@ -4,7 +4,7 @@ Why: every candidate costs two workers (check, then timing), and a cold `python 
 spends seconds importing torch before it can answer. A fork of an interpreter that has imported torch (and
 never touched CUDA) answers in milliseconds.
 
-Three roles: the harness side lives in `forkclient` and `forkpool` (re-exported here), the server in this
+Three roles: the harness side lives in `forkclient` and `forkpool` (imported from there, not here), the server in this
 file, the child in `forkchild`:
 
 - **Harness side** (`spawn`, `ForkedChild`): `process.WorkerProcess` asks for a worker; `forkclient` has
