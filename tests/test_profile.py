@@ -14,11 +14,13 @@ from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import declared_devices
 from kernelbench_eval.judge.launches import (
     NO_CUSTOM_WARNING,
+    _cuda_units,
     is_custom_event,
     kernels_of,
     profile_model,
     warning_for,
 )
+from kernelbench_eval.judge.marks import EXTENSION_MARK, INDUCTOR_MARK
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import KernelCount
 from kernelbench_eval.worker.main import Worker, classify
@@ -26,6 +28,7 @@ from kernelbench_eval.worker.main import Worker, classify
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 CANDIDATES = FIXTURES / "candidates" / "tiny_linear_relu"
 TRITON = FIXTURES / "candidates_triton" / "tiny_linear_relu"
+COMPILED = FIXTURES / "candidates_compile" / "tiny_linear_relu" / "torch_compile.py"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -46,6 +49,51 @@ def test_pure_pytorch_counts_no_custom_kernel() -> None:
     assert count.custom == 0 and count.library >= 2 and count.custom_share == 0.0
     assert warning_for(count) == NO_CUSTOM_WARNING
     assert warning_for(KernelCount(custom=1, library=1, custom_share=0.5)) is None and warning_for(None) is None
+
+
+def test_a_dead_weak_proxy_in_the_process_does_not_break_the_profile() -> None:
+    """The walk for live modules asks each object its type, not its `__class__` (which a weak proxy whose
+    referent died answers with ReferenceError: torch.compile leaves such proxies behind)."""
+    import weakref
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    kept = [weakref.proxy(gone)]
+    del gone
+    count = kernels_of(torch.nn.ReLU(), [torch.rand(4)], "cpu")
+    assert count.library >= 1 and len(kept) == 1
+
+
+class _Event:
+    """A profiler event as `_cuda_units` reads it."""
+
+    def __init__(self, name: str, device: str, parent: _Event | None = None, kernels: tuple[str, ...] = ()):
+        from torch.autograd import DeviceType
+
+        self.name, self.cpu_parent = name, parent
+        self.device_type = DeviceType.CUDA if device == "cuda" else DeviceType.CPU
+        self.kernels = [_Event(k, "cuda") for k in kernels]
+        self.time_range = type("Range", (), {"elapsed_us": lambda _self: 10.0})()
+
+
+def test_what_torch_compile_launches_is_library_even_under_a_custom_looking_call() -> None:
+    """Inductor's Triton launchers live in the Triton cache, which the harness puts in the build folder: their
+    `launch` is marked like an extension's, and only the Inductor range above it says it is PyTorch's. The
+    ranges' own GPU annotations are no kernels (on the H200 the Inductor range's counted as a custom one)."""
+    forward = _Event("kbeval::forward", "cpu")
+    graph = _Event(INDUCTOR_MARK, "cpu", forward)
+    launcher = _Event(EXTENSION_MARK + "launch", "cpu", graph)
+    inductor_launch = _Event("cudaLaunchKernel", "cpu", launcher, ("triton_", ))
+    own = _Event(EXTENSION_MARK + "relu_loop", "cpu", forward)
+    own_launch = _Event("cudaLaunchKernel", "cpu", own, ("relu_kernel",))
+    annotations = [_Event(name, "cuda") for name in ("kbeval::forward", INDUCTOR_MARK, EXTENSION_MARK + "launch",
+                                                      EXTENSION_MARK + "relu_loop")]  # each range's, on the GPU
+    events = [forward, graph, launcher, inductor_launch, own, own_launch, _Event("triton_", "cuda"),
+              _Event("relu_kernel", "cuda"), *annotations]
+    assert sorted((kind, name) for kind, name, _ in _cuda_units(events, set())) == [
+        ("custom", "relu_kernel"), ("library", "triton_")]
 
 
 def test_custom_events_are_matched_by_name_and_address() -> None:
@@ -162,6 +210,16 @@ def test_profile_of_a_broken_candidate_says_why(build_cache: Path) -> None:
 
 
 @pytest.mark.slow
+def test_profile_counts_torch_compile_as_library(build_cache: Path) -> None:
+    """A candidate whose forward is torch.compile's (Inductor's C++ on the CPU): profiled, not a runtime_error,
+    and all of it library, under one row for the compiled graph."""
+    proc = kbeval("profile", str(PROBLEM), str(COMPILED), "--device", "cpu", "--json", cache=build_cache)
+    cand = json.loads(proc.stdout)["candidate_profile"]
+    assert cand["kernels"]["custom"] == 0 and cand["kernels"]["library"] >= 1
+    assert ("torch.compile (inductor)", "library") in {(r["name"], r["kind"]) for r in cand["rows"]}
+
+
+@pytest.mark.slow
 def test_profile_counts_a_cpp_extension_as_custom(build_cache: Path) -> None:
     """The one C++ compile here: `ext.relu_loop` (pybind, no aten op) is the candidate's own call."""
     proc = kbeval("profile", str(PROBLEM), str(CANDIDATES / "cpp_honest.py"), "--device", "cpu", "--json",
@@ -187,6 +245,16 @@ def test_profile_triton_on_cuda(name: str, custom: bool, build_cache: Path) -> N
                   cache=build_cache)
     kernels = json.loads(proc.stdout)["candidate_profile"]["kernels"]
     assert (kernels["custom"] >= 1) is custom and kernels["device"] == "cuda"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_profile_counts_torch_compile_as_library_on_cuda(build_cache: Path) -> None:
+    """Inductor's Triton kernels, launched through launchers in the build folder's Triton cache: library."""
+    pytest.importorskip("triton")
+    proc = kbeval("profile", str(PROBLEM), str(COMPILED), "--device", "cuda", "--json", cache=build_cache)
+    cand = json.loads(proc.stdout)["candidate_profile"]
+    assert cand["kernels"]["custom"] == 0 and cand["kernels"]["library"] >= 1, cand["rows"]
 
 
 @pytest.mark.gpu

@@ -6,13 +6,12 @@ with `torch.profiler` and the Python tracer (`with_stack=True`) and sorts what r
 
 - **custom**: a call into a native module the candidate loaded from outside the installed packages (a
   `load_inline`/`load` extension: the tracer records it as `<built-in method NAME of ... object at ADDR>`,
-  matched by name and address against the functions of those modules, never by name alone; torch.compile's
-  generated modules are PyTorch's), an operator
-  of a non-library namespace (`TORCH_LIBRARY(myext, ...)`), or a Triton `@triton.jit` launch. While it
-  profiles, the harness also puts each such function, wherever a module refers to it, behind a wrapper that
-  opens a `kbeval::extension::NAME` range (`_marked`): some builds' Python tracer records no C call at all
-  (torch 2.11+cu130 on the H200 host), and an extension called from Python then showed as library time.
-- **library**: the outermost `aten::` (and other torch-namespace) operators outside any custom call.
+  matched by name and address against the functions of those modules, never by name alone), an operator of a
+  non-library namespace (`TORCH_LIBRARY(myext, ...)`), or a Triton `@triton.jit` launch. While it profiles,
+  each such function, wherever a module refers to it, is called inside a `kbeval::extension::NAME` range
+  (`marks.extensions_marked`): some builds' Python tracer records no C call at all.
+- **library**: the outermost `aten::` (and other torch-namespace) operators outside any custom call, and
+  whatever runs inside torch.compile's code (`marks.inductor_marked`), custom-looking or not.
 
 On the CPU there are no kernels to count, so each outermost call is one unit and time is its wall time in
 the profiler (an aten op nested inside an extension call, like the `torch::empty` that allocates its
@@ -24,20 +23,20 @@ device time on CUDA and of profiled op time on the CPU.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import re
-import sys
-import sysconfig
-import warnings
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from kernelbench_eval.judge.marks import (
+    EXTENSION_MARK,
+    INDUCTOR_MARK,
+    extension_functions,
+    extensions_marked,
+    identities,
+    inductor_marked,
+    live_modules,
+)
 from kernelbench_eval.records import KernelCount, KernelRow
 
 LIBRARY_NAMESPACES = frozenset({"aten", "prim", "prims", "c10d", "_c10d_functional", "profiler", "quantized",
@@ -49,7 +48,7 @@ _LIBRARY_KERNEL = re.compile(r"at::|aten|cublas|cudnn|cutlass|xmma|gemm|gemv|sge
                              r"Memcpy|Memset|elementwise_kernel|reduce_kernel|triton_(poi|red|per|tem)_",
                              re.IGNORECASE)
 FORWARD = "kbeval::forward"  # marks the profiled call; what ran outside it is not the model's
-EXTENSION_MARK = "kbeval::extension::"  # + a function's name: the range `_marked` opens around each call of it
+MARKS = "kbeval::"  # FORWARD and the `marks` ranges: each also shows as a GPU annotation, which is no kernel
 NO_CUSTOM_WARNING = "no custom kernel ran: every kernel of one forward came from PyTorch's libraries"
 
 
@@ -81,12 +80,13 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1, p
         for _ in range(max(1, warmup)):
             model(*inputs)
         _sync(device)
-        modules = _live_modules()  # once, after the warm-up loaded what the model loads: gc's walk is the cost
-        extensions = _extension_functions(modules)
+        modules = live_modules()  # once, after the warm-up loaded what the model loads: gc's walk is the cost
+        extensions = extension_functions(modules)
         # The first traced session pays one-off costs (tracer start, first op under the profiler): trace two,
         # keep the second.
         for _ in range(2):
-            with _marked(modules, extensions), profile(activities=activities, with_stack=python_tracer) as prof:
+            with extensions_marked(modules, extensions), inductor_marked(), \
+                    profile(activities=activities, with_stack=python_tracer) as prof:
                 torch.zeros(1)  # the first op recorded pays the session's start-up: not one of the model's
                 with record_function(FORWARD):
                     model(*inputs)
@@ -95,82 +95,14 @@ def profile_model(model: Any, inputs: list[Any], device: str, warmup: int = 1, p
     cpu = torch.autograd.DeviceType.CPU  # device kernels stay; CPU events only from inside the forward
     events = [e for e in events if e.device_type != cpu
               or (e.name != FORWARD and any(a.name == FORWARD for a in _ancestors(e)))]
-    functions = _identities(extensions)
+    functions = identities(extensions)
     units = _cuda_units(events, functions) if device == "cuda" else _cpu_units(events, functions)
     return _summarise(units, device)
 
 
-def _identities(extensions: list[tuple[ModuleType, str, Any]]) -> set[tuple[str, str | None]]:
-    """(name, hex address of its pybind record or None) of each extension function: what the tracer's
-    `<built-in method NAME of ... object at ADDR>` is matched against (`is_custom_event`)."""
-    found: set[tuple[str, str | None]] = set()
-    for module, name, obj in extensions:
-        owner = getattr(obj, "__self__", None)
-        address = hex(id(owner)) if owner is not None and owner is not module else None
-        found.add((getattr(obj, "__name__", name), address))
-    return found
-
-
-def _live_modules() -> list[ModuleType]:
-    """Every module object alive: `load_inline` does not register its module in sys.modules."""
-    with warnings.catch_warnings():  # isinstance on lazily deprecated modules warns
-        warnings.simplefilter("ignore")
-        live = [o for o in gc.get_objects() if isinstance(o, ModuleType)]
-    return list({id(m): m for m in [*sys.modules.values(), *live]}.values())
-
-
-def _extension_functions(modules: list[ModuleType]) -> list[tuple[ModuleType, str, Any]]:
-    """(module, attribute, function) of every native function of a module loaded from outside the installed
-    packages (torch.compile's generated code, in inductor's cache `torchinductor_<user>`, is PyTorch's)."""
-    installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib", "platstdlib")
-                 if (p := sysconfig.get_paths().get(key))}
-    found = []
-    for module in modules:
-        file = getattr(module, "__file__", None) or ""
-        if not file.endswith((".so", ".pyd")):
-            continue
-        path = Path(file).resolve()
-        if any(path.is_relative_to(root) for root in installed) or "torchinductor" in str(path):
-            continue
-        found += [(module, name, obj) for name, obj in list(vars(module).items())
-                  if type(obj).__name__ == "builtin_function_or_method"]
-    return found
-
-
-@contextmanager
-def _marked(modules: list[ModuleType], extensions: list[tuple[ModuleType, str, Any]]) -> Iterator[None]:
-    """Every attribute of `modules` that is one of the `extensions`' functions (in the extension, and where a
-    module bound it, like `relu = ext.relu_loop`) calls it inside a `kbeval::extension::NAME` range meanwhile."""
-    wrappers = {id(obj): _mark(obj) for _, _, obj in extensions}  # the functions stay alive: ids stay theirs
-    swapped: list[tuple[ModuleType, str, Any]] = []
-    for module in modules if wrappers else []:
-        for name, obj in list(vars(module).items()):
-            if id(obj) in wrappers:
-                with contextlib.suppress(AttributeError, TypeError):
-                    setattr(module, name, wrappers[id(obj)])
-                    swapped.append((module, name, obj))
-    try:
-        yield
-    finally:
-        for module, name, obj in swapped:
-            setattr(module, name, obj)
-
-
-def _mark(function: Any) -> Any:
-    from torch.autograd.profiler import record_function
-
-    label = EXTENSION_MARK + getattr(function, "__name__", "extension")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with record_function(label):
-            return function(*args, **kwargs)
-
-    return call
-
-
 def is_custom_event(name: str, functions: set[tuple[str, str | None]]) -> bool:
     """A CPU event that is the candidate's own: an extension call, a custom-namespace op, a Triton launch."""
-    if name == FORWARD:
+    if name in (FORWARD, INDUCTOR_MARK):
         return False
     if name.startswith(EXTENSION_MARK):
         return True
@@ -184,6 +116,8 @@ def is_custom_event(name: str, functions: set[tuple[str, str | None]]) -> bool:
 
 
 def _is_library_event(name: str) -> bool:
+    if name == INDUCTOR_MARK:
+        return True
     namespace, sep, _ = name.partition("::")
     return bool(sep) and namespace in LIBRARY_NAMESPACES
 
@@ -223,12 +157,14 @@ def _cuda_units(events: list[Any], functions: set[tuple[str, str | None]]) -> li
     for event in events:
         if event.device_type != DeviceType.CPU or not getattr(event, "kernels", None):
             continue
-        custom = any(is_custom_event(a.name, functions) for a in [event, *_ancestors(event)])
+        chain = [event, *_ancestors(event)]
+        custom = (not any(a.name == INDUCTOR_MARK for a in chain)  # torch.compile's kernels are PyTorch's
+                  and any(is_custom_event(a.name, functions) for a in chain))
         for kernel in event.kernels:
             launched_by[kernel.name] = launched_by.get(kernel.name, False) or custom
     units: list[Unit] = []
     for event in events:
-        if event.device_type != DeviceType.CUDA or event.name == FORWARD:  # the mark's own GPU annotation
+        if event.device_type != DeviceType.CUDA or event.name.startswith(MARKS):  # our ranges' GPU annotations
             continue
         custom = launched_by.get(event.name)
         if custom is None:
@@ -238,6 +174,8 @@ def _cuda_units(events: list[Any], functions: set[tuple[str, str | None]]) -> li
 
 
 def _display(name: str) -> str:
+    if name == INDUCTOR_MARK:
+        return "torch.compile (inductor)"
     match = _PYBIND_CALL.match(name)
     if match or name.startswith(EXTENSION_MARK):
         return f"{match.group(1) if match else name.removeprefix(EXTENSION_MARK)} (extension)"
