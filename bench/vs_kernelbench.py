@@ -191,8 +191,8 @@ def main() -> None:
     header = [f"{gpu}, {os.cpu_count()} CPU cores, PyTorch {torch.__version__}; {when}.",
               f"{count} GPU candidate{'s' if count != 1 else ''} of the seed corpus "
               f"({', '.join(args.problem) or 'every problem'}), real sizes. "
-              f"Command: `python3 bench/vs_kernelbench.py --kb .anchors/kernelbench "
-              + " ".join(f"--problem {p}" for p in args.problem) + f" --jobs {args.jobs}"
+              f"Command: `python3 bench/vs_kernelbench.py --kb .anchors/kernelbench"
+              + "".join(f" --problem {p}" for p in args.problem) + f" --jobs {args.jobs}"
               + (f" --copies {args.copies}" if args.copies > 1 else "")
               + (f" --limit {args.limit}" if args.limit else "") + (" --no-warm" if args.no_warm else "")
               + (f" --kb-from {args.kb_from.name}" if args.kb_from else "") + "`. "

@@ -41,6 +41,7 @@ class ExchangeInfo(BaseModel):
     size: int = Field(ge=0)
     # CUDA: where the area the candidate's timed calls allocate from begins (`carve`); 0: no such area
     pool_offset: int = Field(default=0, ge=0)
+    calls: int = Field(default=1, ge=1)  # timed calls a block holds the outputs of, in place or in slots
 
 
 class CheckResult(BaseModel):
@@ -96,6 +97,9 @@ class WorkerRequest(BaseModel):
     graph: bool = False
     first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
     placement: int = 0  # time: which of the worker's input placements this call uses (`timing.Rotation`)
+    # time (CUDA): answer once the call is launched and described; its times come with the next reply, and the
+    # block ends with a request of no calls, answered once the last call's device work is done (`measure.overlaps`)
+    overlap: bool = False
     # export (candidate) / compare_timed (checker): calls of the last block, and their slots
     calls: list[int] = Field(default_factory=list)
     layout: list[list[Slot]] = Field(default_factory=list)
@@ -121,6 +125,9 @@ class WorkerReply(BaseModel):
     gate_ms: list[float] = Field(default_factory=list)  # CUDA: each call's flush (its launch cover), timed
     graph_error: str | None = None
     replaced: list[str] = Field(default_factory=list)  # time: timing functions the process's code replaced
+    late: bool = False  # time: an answered call's device work was done before the worker began to wait for it
+    overwrote: list[int] = Field(default_factory=list)  # time (candidate): calls of the block whose outputs, left
+    # in place, a later call's outputs lie over: they may have been written over before the check (`timed`)
     launch_error: str | None = None
     mutated_inputs: bool = False
     device_name: str | None = None

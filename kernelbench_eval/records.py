@@ -125,6 +125,10 @@ class Timing(BaseModel):
     exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
     # timed calls whose outputs the checker read where the candidate's call had put them (`carve`), no copy
     in_place_calls: int | None = None
+    block_calls: int | None = None  # timed calls a block held: several where outputs stay in place (`carve`)
+    # CUDA: timed calls answered as soon as they were launched, their device work waited for after (`measure.overlaps`)
+    overlapped_calls: int | None = None
+    late_calls: int | None = None  # timed calls whose device work was done before its worker began to wait for it
     # the reference timed alone (`judge.refguard`): its time per call, interleaved / alone, and what was concluded:
     # "agrees", "refreshed" (the machine changed: re-measured alone), "disturbed" (slowed beside the candidate)
     ref_alone_ms: float | None = None

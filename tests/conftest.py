@@ -62,3 +62,18 @@ def fixture_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> 
     out = tmp_path_factory.mktemp("results")
     proc = kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(out), "--run-id", "cold", cache=build_cache)
     return out / "cold", proc
+
+
+def serve_requests(monkeypatch: pytest.MonkeyPatch, requests: list) -> list[bytes]:
+    """The worker's `serve` loop run over these requests (stdin a pipe, replies to another): its reply lines."""
+    from kernelbench_eval.worker import main as worker_main
+
+    (stdin_read, stdin_write), (reply_read, reply_write) = os.pipe(), os.pipe()
+    os.write(stdin_write, "".join(r.model_dump_json() + "\n" for r in requests).encode())
+    os.close(stdin_write)
+    with open(stdin_read) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        worker_main.serve(reply_write)
+    os.close(reply_write)
+    with open(reply_read, "rb") as replies:
+        return replies.read().splitlines()

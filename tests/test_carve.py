@@ -5,14 +5,17 @@ copying. All without a GPU: the device path runs in
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from kernelbench_eval.judge import measure
+from kernelbench_eval.discover.corpus import Problem
+from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.carve import POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
 from kernelbench_eval.judge.exchange import Exchange, output_layout
+from kernelbench_eval.judge.judging import ReferenceSide, Secrets
+from kernelbench_eval.judge.measure import block_calls
 from kernelbench_eval.judge.timed import placed_slots
 from kernelbench_eval.messages import Slot, TensorMeta
+from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.main import Worker
 
 
@@ -45,6 +48,8 @@ def test_the_harness_takes_only_an_offset_inside_the_exchange_on_an_element_boun
 def test_the_pool_area_fits_a_quarter_of_the_device_or_is_left_out():
     assert pool_bytes(1 << 20, 1 << 20, 80 << 30) == POOL_MIN_BYTES
     assert pool_bytes(520 << 20, 520 << 20, 80 << 30) == 3 * (520 << 20)
+    assert pool_bytes(5 * (520 << 20), 520 << 20, 80 << 30, calls=5) == 7 * (520 << 20)  # a block's, two spare
+    assert pool_bytes(5 * (520 << 20), 520 << 20, 16 << 30, calls=5) == 0  # 6 GB of 16: a block of one, then
     assert pool_bytes(520 << 20, 520 << 20, 4 << 30) == 0  # 2 GB of 4: too much of a small device
     assert pool_bytes(1 << 20, 1 << 20, None) == 0  # memory unknown: no pool
 
@@ -68,13 +73,7 @@ def _worker(tmp_path) -> tuple[Worker, Exchange, list[list[Slot]]]:  # noqa: ANN
     return worker, exchange, output_layout(metas, calls=2)
 
 
-@pytest.fixture
-def one_call_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outputs of 64 bytes fill the kept-output budget: a block is one call, as for 71_Conv2d's 520 MB."""
-    monkeypatch.setattr(measure, "KEPT_BYTES", 64)
-
-
-def test_the_keeper_leaves_outputs_in_the_pool_area_and_copies_the_rest(tmp_path, one_call_blocks):
+def test_the_keeper_leaves_outputs_in_the_pool_area_and_copies_the_rest(tmp_path):
     worker, exchange, layout = _worker(tmp_path)
     pooled = exchange.buffer[1 << 15:(1 << 15) + 64].view(torch.float32)
     pooled.copy_(torch.arange(16.0))
@@ -89,13 +88,66 @@ def test_the_keeper_leaves_outputs_in_the_pool_area_and_copies_the_rest(tmp_path
     exchange.close()
 
 
-def test_the_keeper_copies_views_and_outputs_of_blocks_of_several_calls(tmp_path, one_call_blocks):
+def test_the_keeper_copies_views(tmp_path):
     worker, exchange, layout = _worker(tmp_path)
     region = exchange.buffer[1 << 15:(1 << 15) + 128].view(torch.float32)
     worker.exchange_keeper(layout[:1], first=0)(0, region[::2])()  # not contiguous
-    assert worker.placed[0] == layout[0]
-    measure.KEPT_BYTES = 1 << 20  # (undone by the fixture) 64-byte outputs: ten calls to a block
-    worker.exchange_keeper(layout[:1], first=0)(0, region[:16])()
-    assert worker.placed[0] == layout[0] and worker.held[0] == []  # a later call could write over it: copied
-    assert torch.equal(exchange.view(layout[0][0]), region[:16])
+    assert worker.placed[0] == layout[0] and worker.held[0] == []
+    assert torch.equal(exchange.view(layout[0][0]), region[::2])
     exchange.close()
+
+
+def test_a_block_of_several_calls_leaves_each_in_place_and_says_when_one_lies_over_an_earlier_one(tmp_path):
+    """Outputs stay in place across a block (each held until the check), but a model that hands out one buffer
+    again has written over the earlier call's outputs: the worker reports that call (`overwrote`), whose
+    outputs it can no longer vouch for, and copies the later one; the next block starts afresh."""
+    worker, exchange, layout = _worker(tmp_path)
+    layout = output_layout([TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32", shape=[16])],
+                           calls=3)
+    pool = exchange.buffer[1 << 15:].view(torch.float32)
+    first, second = pool[:16], pool[64:80]
+    worker.exchange_keeper(layout[0:1], first=0)(0, first)()
+    worker.exchange_keeper(layout[1:2], first=1)(0, second)()
+    assert [p[0].offset for p in worker.placed] == [1 << 15, (1 << 15) + 256] and worker.overwrote == []
+    again = pool[8:24]  # over half of the first call's outputs: a buffer handed out again, shifted
+    worker.exchange_keeper(layout[2:3], first=2)(0, again)()
+    assert worker.overwrote == [0] and worker.placed[2] == layout[2]  # reported, and this one copied
+    assert torch.equal(exchange.view(layout[2][0]), again)
+    worker.spans, worker.overwrote = [], []  # what `op_time` does at a block's first call
+    worker.exchange_keeper(layout[0:1], first=0)(0, again)()
+    assert worker.overwrote == [] and worker.placed[0][0].offset == (1 << 15) + 32  # in place again
+    exchange.close()
+
+
+def test_large_outputs_left_in_place_share_a_block_that_divides_the_window():
+    """Copied, outputs over half the kept budget are a block each; left in place, as many as IN_PLACE_BYTES holds,
+    rounded down to a divisor of the 10-call window (71_Conv2d's 520 MB: five). Small outputs are copied in
+    blocks of ten, in place or not."""
+    assert block_calls(520 << 20) == 1 and block_calls(520 << 20, in_place=True) == 5
+    assert block_calls(1 << 30, in_place=True) == 2  # three would fit: not a divisor of 10
+    assert block_calls(4 << 30, in_place=True) == 1
+    assert block_calls(1 << 20, in_place=True) == block_calls(1 << 20) == 10
+    assert block_calls(200 << 20, in_place=True) == block_calls(200 << 20) == 2  # copied: a pool only for the large
+
+
+def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_path):
+    """71_Conv2d's outputs on a GPU: five calls to a block where a quarter of the device holds their pool area
+    (an H100), one where only a block of one fits (a 16 GB card), copied blocks where CUDA IPC was refused or on
+    the CPU. The reference's own blocks follow the same rule, so alone it keeps its candidates' cadence."""
+    problem = Problem("71", tmp_path / "p.py", "0" * 64)
+    settings = RunSettings(device="cuda")
+    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "log", 60, 60, BaselineStore(tmp_path / "b"))
+    try:
+        ref.metas = [[TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32",
+                                 shape=[128, 64, 126, 126])]]
+        ref.input_bytes = 128 * 8 * 128 * 128 * 4
+        ref.memory_bytes = 80 << 30
+        assert ref.calls_per_block() == 5 and ref.calls_per_block(in_place=False) == 1
+        ref.memory_bytes = 16 << 30
+        assert ref.calls_per_block() == 1
+        ref.memory_bytes, ref.ipc = 80 << 30, False
+        assert ref.calls_per_block() == 1
+        ref.settings = RunSettings(device="cpu")
+        assert ref.calls_per_block() == 1
+    finally:
+        ref.close()

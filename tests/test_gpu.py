@@ -40,7 +40,7 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
 def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
     """At least twice the L2, and at least FLUSH_COVER_S of writing at peak bandwidth (the launch's cover)."""
     from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
-    from kernelbench_eval.judge.timing import FLUSH_COVER_S, l2_flush_buffer
+    from kernelbench_eval.judge.flush import FLUSH_COVER_S, l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
@@ -52,15 +52,16 @@ def test_a_calls_flush_counts_its_refill_toward_the_cover():
     """71_Conv2d's input (128x8x128x128 floats, a 268 MB refill) leaves the flush only what the cover still
     lacks; a small input's flush is nearly the whole buffer. Both written from the one buffer, once per rotation."""
     from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
-    from kernelbench_eval.judge.timing import FLUSH_COVER_S, Rotation, _flush_for, l2_flush_buffer
+    from kernelbench_eval.judge.flush import FLUSH_COVER_S, flush_for, l2_flush_buffer
+    from kernelbench_eval.judge.timing import Rotation
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
     large = Rotation([[torch.rand(128, 8, 128, 128, device="cuda")]])
     small = Rotation([[torch.rand(1024, device="cuda")]])
-    assert _flush_for(large).numel() == max(2 * l2, cover - large.traffic()) < l2_flush_buffer().numel()
-    assert _flush_for(small).numel() == max(2 * l2, cover - small.traffic()) == l2_flush_buffer().numel() - 4096 * 4
-    assert _flush_for(large).data_ptr() == l2_flush_buffer().data_ptr() and _flush_for(large) is large.flush
+    assert flush_for(large).numel() == max(2 * l2, cover - large.traffic()) < l2_flush_buffer().numel()
+    assert flush_for(small).numel() == max(2 * l2, cover - small.traffic()) == l2_flush_buffer().numel() - 4096 * 4
+    assert flush_for(large).data_ptr() == l2_flush_buffer().data_ptr() and flush_for(large) is large.flush
 
 
 def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_computes(monkeypatch):

@@ -267,7 +267,8 @@ def test_outputs_reported_where_the_exchange_cannot_hold_them_fail_the_call(tmp_
     assert "where the exchange cannot hold them" in findings.error, findings.error
 
 
-# outputs of 288 MB: over half the kept-output budget, so a timing block is one call (as for 71_Conv2d's 520 MB)
+# outputs of 288 MB: over half the kept-output budget, so they stay in place, ten calls to a block (71_Conv2d's
+# 520 MB: five)
 BIG = """
 import torch
 import torch.nn as nn
@@ -289,6 +290,19 @@ BIG_FRESH = BIG.replace("class Model(", "class ModelNew(").split("def get_inputs
 BIG_REUSING = BIG_FRESH.replace("        return torch.relu(x) * 2", """        if not hasattr(self, "out"):
             self.out = torch.empty_like(x)
         return torch.clamp(x, min=0, out=self.out).mul_(2)""")
+# the same buffer, but made in its eighth call (the first timed block's second), in the exchange's pool
+BIG_LATE_BUFFER = BIG_FRESH.replace("        return torch.relu(x) * 2", """\
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 8:
+            self.out = torch.empty_like(x)
+        if hasattr(self, "out"):
+            return torch.clamp(x, min=0, out=self.out).mul_(2)
+        return torch.relu(x) * 2""")
+# over a millisecond a call on an H100 or H200: long enough for the calls to be answered as they are launched
+SLOW = BIG.replace("        return torch.relu(x) * 2", """        for _ in range(10):
+            x = torch.tanh(x)
+        return x""")
+SLOW_FRESH = SLOW.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
 
 
 @pytest.mark.gpu
@@ -297,12 +311,35 @@ BIG_REUSING = BIG_FRESH.replace("        return torch.relu(x) * 2", """        i
                                                              (PROBLEM, HONEST, False)])
 def test_timed_outputs_are_compared_where_the_call_put_them(tmp_path: Path, problem: str, source: str,
                                                             in_place: bool):
-    """On a GPU, where a timing block is one call, a timed call's fresh outputs are compared where it put them, in
-    the exchange's pool area (no copy); a buffer the model made in its first trial and hands out every call lies
-    outside it and is copied, as are the outputs of blocks of several calls (small outputs), so that no later call
-    of the block can write over them before the check. Correct either way."""
+    """On a GPU, where outputs are large, a timed call's fresh outputs are compared where it put them, in the
+    exchange's pool area (no copy), ten calls to a block; a buffer the model made in its first trial and hands out
+    every call lies outside it and is copied, as are small outputs. Correct either way."""
     _, findings = _judge(tmp_path, source, "pooled", device="cuda", problem=problem)
     assert findings.correct and findings.timing is not None, findings.error
-    assert findings.timing.exchange == "cuda_ipc"
+    assert findings.timing.exchange == "cuda_ipc" and findings.timing.block_calls == 10
     calls = findings.timing.in_place_calls
     assert (calls > 0) if in_place else (calls == 0), calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_buffer_made_in_a_timed_block_and_handed_out_again_is_measured_again_a_call_a_block(tmp_path: Path):
+    """Its eighth call's outputs lay in place when its ninth wrote over them, before the block was checked: the
+    worker says so and the candidate is measured again in blocks of one call, each compared before the next runs.
+    Without that, the eighth call would be `incorrect` for an answer that was right."""
+    _, findings = _judge(tmp_path, BIG_LATE_BUFFER, "late_buffer", device="cuda", problem=BIG)
+    assert findings.correct and findings.timing is not None, findings.error
+    assert findings.timing.block_calls == 1 and findings.timing.in_place_calls > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_long_calls_are_answered_as_they_are_launched_and_every_one_is_still_checked(tmp_path: Path):
+    """Over OVERLAP_MS a call on both sides, blocks after the first are overlapped (`measure.overlaps`): each
+    reply goes out while the device computes, the block ends once the last call's work is done, and every timed
+    call is compared in full, in place."""
+    _, findings = _judge(tmp_path, SLOW_FRESH, "slow", device="cuda", problem=SLOW)
+    timing = findings.timing
+    assert findings.correct and timing is not None, findings.error
+    assert findings.runtime_ms > 0.5 and timing.overlapped_calls >= 10 and timing.block_calls == 10
+    assert timing.checked_calls == findings.runtime_stats.calls and timing.in_place_calls == timing.checked_calls

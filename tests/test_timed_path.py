@@ -1,20 +1,19 @@
 """The timed call's path between harness and worker, on the CPU: a block's requests pipelined one at a time
 (`WorkerProcess.call_each`), the worker's timing scope held from one timed request to the next, its polling for
-the next call, and the flush sized after the refill (`timing.flush_bytes`)."""
+the next call, and the flush sized after the refill (`flush.flush_bytes`)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import serve_requests
 
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge import timing
+from kernelbench_eval.judge import flush, timing
 from kernelbench_eval.messages import WorkerReply, WorkerRequest
 from kernelbench_eval.worker import main as worker_main
 
@@ -99,17 +98,8 @@ def test_the_worker_leaves_its_timing_scope_and_polls_for_the_next_timed_call_on
 
     monkeypatch.setattr(worker_main, "Worker", Worker)
     monkeypatch.setattr(worker_main, "poll_readable", lambda fd, seconds: polls.append(seconds))
-    requests, reply_read, reply_write = os.pipe(), *os.pipe()
     ops = ("time", "time", "export", "time", "import", "exit")
-    lines = "".join(WorkerRequest(op=op).model_dump_json() + "\n" for op in ops)
-    os.write(requests[1], lines.encode())
-    os.close(requests[1])
-    with open(requests[0]) as stdin:
-        monkeypatch.setattr(sys, "stdin", stdin)
-        worker_main.serve(reply_write)
-    os.close(reply_write)
-    with open(reply_read, "rb") as replies:
-        assert len(replies.read().splitlines()) == 5
+    assert len(serve_requests(monkeypatch, [WorkerRequest(op=op) for op in ops])) == 5
     assert seen == [("time", True), ("time", True), ("export", True), ("time", True), ("import", False)]
     assert polls == [worker_main.NEXT_CALL_S[op] for op in ("time", "time", "export", "time")]
 
@@ -118,11 +108,11 @@ def test_the_flush_counts_the_refill_ahead_of_it_toward_the_launchs_cover():
     """Twice the L2 always (eviction); beyond that, only what the refill's own traffic leaves of FLUSH_COVER_S
     at peak bandwidth (an H100: 50 MB of L2, 3350 GB/s)."""
     l2, bandwidth = 50 << 20, 3350.0
-    cover = int(bandwidth * 1e9 * timing.FLUSH_COVER_S)
-    assert timing.flush_bytes(l2, bandwidth) == cover  # nothing ahead: the whole cover, as before
-    assert timing.flush_bytes(l2, bandwidth, 200 << 20) == cover - (200 << 20)
-    assert timing.flush_bytes(l2, bandwidth, 1 << 30) == 2 * l2  # a large refill: eviction decides
-    assert timing.flush_bytes(0, 0.0) == 2 << 20  # no L2 reported: a megabyte, twice
+    cover = int(bandwidth * 1e9 * flush.FLUSH_COVER_S)
+    assert flush.flush_bytes(l2, bandwidth) == cover  # nothing ahead: the whole cover, as before
+    assert flush.flush_bytes(l2, bandwidth, 200 << 20) == cover - (200 << 20)
+    assert flush.flush_bytes(l2, bandwidth, 1 << 30) == 2 * l2  # a large refill: eviction decides
+    assert flush.flush_bytes(0, 0.0) == 2 << 20  # no L2 reported: a megabyte, twice
 
 
 def test_a_refill_moves_four_times_a_float_inputs_bytes_and_twice_anything_elses():

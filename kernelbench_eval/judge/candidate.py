@@ -39,6 +39,7 @@ class CandidateRun:
         self.phases: dict[str, float] = {}
         self.exchange_kind: str | None = None
         self.exchange_bytes = 0  # the lent exchange's size: a reported output must lie inside it
+        self.block_calls = 1  # timed calls a block holds, as the lent exchange allows (`ReferenceSide.lend`)
         self._lent = False
 
     def __enter__(self) -> CandidateRun:
@@ -118,7 +119,7 @@ class CandidateRun:
             self.ref.ipc_refused = exc.message
             info = self.ref.lend(self.workdir)
             self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
-        self.exchange_bytes = info.size
+        self.exchange_bytes, self.block_calls = info.size, info.calls
         if info.kind == "shm" and self.ref.ipc_refused:
             self.exchange_kind = f"shm (CUDA IPC refused: {self.ref.ipc_refused[:200]})"
         else:

@@ -10,11 +10,14 @@ the checker lent and never writes while timed, so pointing elsewhere can only sh
 output that is not there (allocated before the call, not contiguous, a view) is copied into its slot, as
 before.
 
-A call's outputs stay in place only when a block holds one call (outputs over half the kept-output budget,
-`measure.block_calls`, 71_Conv2d's 520 MB among them): the checker compares them before the next call runs,
-so no later call, whatever memory it writes, can overwrite them first. With several calls to a block, a model
-that hands out one buffer again (a cached `self.out`) would write over an earlier call's outputs before the
-check; there the outputs are copied, as before, and the copies are small (at most 256 MB a call).
+Outputs stay in place where they are large (over half the kept-output budget, `measure.block_calls`:
+71_Conv2d's 520 MB among them), in blocks of several calls (five of 71's), each call's held by the worker until
+the block is checked, so the allocator never hands their memory to a later call. A model that hands out one
+buffer again (a `self.out`) would still write over an earlier call's outputs before the check: the worker looks
+for every output over memory an earlier call of the block left in place and says so, and the harness then
+measures again in blocks of one call, each compared before the next runs. Buffers a model keeps are made in the
+warm-up, outside the pool (`timing.warm_up` takes every input placement), so their outputs are copied anyway.
+Smaller outputs are copied into their slots, as before (at most 256 MB a call).
 
 The raw allocator is a pair of ctypes callbacks (no compiled shim to build, sign and trust). The caching
 allocator asks it only for new segments, so it runs in the warm-up, not per timed call. A segment that does not
@@ -30,14 +33,15 @@ from typing import Any
 from kernelbench_eval.judge.cudart import cudart
 
 SEGMENT_ALIGN = 2 << 20  # the caching allocator's large-segment granularity
-POOL_BLOCKS = 3  # the pool area holds this many calls' outputs: a call's intermediates land there too
+POOL_SPARE = 2  # beyond a block's outputs, the pool area holds this many calls' more: intermediates land there too
 POOL_MIN_BYTES = 64 << 20
 POOL_SHARE = 0.25  # of the device's memory, at most, for the whole exchange
 
 
-def pool_bytes(slots: int, call_outputs: int, memory: int | None) -> int:
-    """The pool area's size (0: none) beside `slots` bytes of exchange, for calls of `call_outputs` bytes."""
-    area = max(POOL_BLOCKS * call_outputs, POOL_MIN_BYTES)
+def pool_bytes(slots: int, call_outputs: int, memory: int | None, calls: int = 1) -> int:
+    """The pool area's size (0: none) beside `slots` bytes of exchange, for blocks of `calls` calls of
+    `call_outputs` bytes each."""
+    area = max((calls + POOL_SPARE) * call_outputs, POOL_MIN_BYTES)
     return area if memory and slots + area <= POOL_SHARE * memory else 0
 
 

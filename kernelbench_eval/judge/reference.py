@@ -153,27 +153,44 @@ class ReferenceSide:
     def output_bytes(self) -> int:
         return layout_bytes(output_layout(self.metas[0])[0]) if self.metas else 0
 
-    def calls_per_block(self) -> int:
-        return block_calls(self.output_bytes())
+    def calls_per_block(self, in_place: bool = True) -> int:
+        """Calls a timing block holds (`measure.block_calls`): with `in_place`, as this lane's candidates are timed
+        (large outputs left in place where CUDA IPC lends the exchange and the device has room for its pool
+        area), so that the reference alone keeps their cadence; else as where outputs are copied."""
+        copied = block_calls(self.output_bytes())
+        if not in_place or copied > 1 or not self.ipc or self.settings.device != "cuda":
+            return copied
+        for calls in sorted({block_calls(self.output_bytes(), in_place=True), 1}, reverse=True):  # the most that fit
+            if pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls):
+                return calls
+        return copied
 
     def timed_layout(self, calls: int) -> list[list[Slot]]:
         return output_layout(self.metas[0], calls)
 
     def lend(self, shm_dir: Path, pool: bool = True) -> ExchangeInfo:
         """A fresh exchange buffer for one candidate, big enough for an input set or a block's outputs; on a GPU,
-        with `pool`, where a block is one call, followed by the area its timed calls allocate from (`carve`:
-        outputs compared where the call put them)."""
-        slots = max(self.input_bytes + SLACK_BYTES, self.output_bytes() * self.calls_per_block())
-        in_place = pool and self.ipc and self.settings.device == "cuda" and self.calls_per_block() == 1
-        area = pool_bytes(slots, self.output_bytes(), self.memory_bytes) if in_place else 0
+        with `pool`, where outputs are large, followed by the area its timed calls allocate from (`carve`: outputs
+        compared where the call put them, in blocks of several calls). `calls` says how many a block holds."""
+        copied = self.calls_per_block(in_place=False)
+        calls = self.calls_per_block() if pool else copied
+        in_place = pool and self.ipc and self.settings.device == "cuda" and copied == 1
+        area = pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls) if in_place else 0
+        calls = calls if area else copied
+        slots = self._slots(calls)
         offset = -(-slots // SEGMENT_ALIGN) * SEGMENT_ALIGN if area else 0
         req = WorkerRequest(op="open_exchange", size=offset + area if area else slots, shm_dir=str(shm_dir),
                             name=None if self.ipc else "shm")
         exchange = self._call(req).exchange
         assert exchange is not None
         if area and exchange.kind == "cuda_ipc":
-            exchange.pool_offset = offset
+            exchange.pool_offset, exchange.calls = offset, calls
+        else:
+            exchange.calls = copied
         return exchange
+
+    def _slots(self, calls: int) -> int:
+        return max(self.input_bytes + SLACK_BYTES, self.output_bytes() * calls)
 
     def reclaim(self) -> None:
         if self.worker is not None and not self.broken:

@@ -40,6 +40,10 @@ class _WrongOutput(Exception):
     """A timed call's output failed its check: stop measuring, the candidate is incorrect."""
 
 
+class _Overwritten(Exception):
+    """A call's outputs lay over an earlier call's of the same block, left in place: measure again, a call a block."""
+
+
 @dataclass
 class _Timed:
     """One interleaved measurement of the candidate against the reference."""
@@ -52,6 +56,7 @@ class _Timed:
     seconds: float
     guard: Guard
     in_place: int = 0  # calls whose outputs were compared where the candidate's call put them
+    calls_per_block: int = 1
     agreement: Agreement | None = None
 
 
@@ -94,9 +99,20 @@ def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
 
 
 def _measure_once(run: CandidateRun) -> _Timed | None:
+    """One measurement; again in blocks of one call if the candidate's model handed out one buffer twice in a
+    block whose outputs stay in place (`carve`): the earlier call's outputs were gone before they were checked,
+    through no fault of the answer. Only the new measurement counts."""
+    try:
+        return _measure_blocks(run, run.block_calls)
+    except _Overwritten:
+        run.block_calls = 1
+        return _measure_blocks(run, 1)
+
+
+def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
     ref_side, settings = run.ref, run.ref.settings
     assert ref_side.worker is not None and run.worker is not None
-    layout = ref_side.timed_layout(ref_side.calls_per_block())
+    layout = ref_side.timed_layout(calls_per_block)
     exchange_bytes = run.exchange_bytes
 
     def resume() -> None:
@@ -118,6 +134,8 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         started = time.perf_counter()
         calls = list(range(len(schedule)))
         guard.hold()
+        if calls_per_block > 1 and any(reply.overwrote for reply in cand.last):
+            raise _Overwritten  # (in blocks of one call the worker compares nothing across calls: nothing to say)
         metas = [reply.metas[0] if reply.metas else [] for reply in cand.last]
         slots = [placed_slots(layout[i], reply.placed[0] if reply.placed else None, exchange_bytes)
                  for i, reply in enumerate(cand.last)]
@@ -139,8 +157,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
     clocks = [sm_clock_mhz(gpu)] if settings.device == "cuda" else []
     started = time.monotonic()
     try:
-        result = measure([ref, cand], ref_side.timing_sets(), settings, run.deadline, ref_side.calls_per_block(),
-                         check)
+        result = measure([ref, cand], ref_side.timing_sets(), settings, run.deadline, calls_per_block, check)
     except _WrongOutput:
         guard.release()
         return None
@@ -148,7 +165,8 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         guard.release()
         raise
     clocks += [sm_clock_mhz(gpu)] if clocks else []
-    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place)
+    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place,
+                  calls_per_block)
 
 
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
@@ -181,7 +199,8 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
         floor_ms=run.ref.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
-        in_place_calls=timed.in_place if cuda else None,
+        in_place_calls=timed.in_place if cuda else None, block_calls=timed.calls_per_block,
+        overlapped_calls=cand.overlapped if cuda else None, late_calls=cand.late if cuda else None,
         ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
         ref_alone_check=agreement.outcome if agreement else None)
     findings.ref_runtime_ms, findings.ref_runtime_stats = ref_ms, ref_stats

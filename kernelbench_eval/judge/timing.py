@@ -24,6 +24,10 @@ of 71_Conv2d's candidates rose 1-3 % (docs/benchmarks.md, "Where a timed call's 
 Without it a 19 us SiLU measured 36-67 us in the workers, differently in each process (docs/benchmarks.md,
 "Identical copies"). The flush's own time (`gate_ms`) is reported: work a candidate slipped onto another stream
 during it runs beside the flush and slows it.
+
+On a GPU a call is `launch`ed (refill, flush, events, the call's kernels queued) and then `settle`d (every stream
+waited for, the call timed, its outputs kept): `time_block` does both in turn; a worker answering a call as soon
+as it is launched (`worker/timed.py`) settles it after its reply.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from typing import Any
 
 import torch
 
-from kernelbench_eval.judge.cudart import memory_bandwidth_gbs, reset_persisting_l2
+from kernelbench_eval.judge.cudart import reset_persisting_l2
+from kernelbench_eval.judge.flush import flush_for
 
 _perf_counter_ns = time.perf_counter_ns
 # A timed CUDA call measures with the C event type's own methods (no Python code can replace a method of a C
@@ -52,8 +57,6 @@ _WATCHED = {"time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns":
             "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
             "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize")}
 _ORIGINALS = {label: getattr(owner, name) for label, (owner, name) in _WATCHED.items()}
-_L2_FLUSH_FACTOR = 2  # write at least twice the L2 so nothing of the previous call stays cached
-FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches the call meanwhile
 
 
 @dataclass
@@ -64,6 +67,14 @@ class Block:
     device_ms: list[float] = field(default_factory=list)
     gate_ms: list[float] = field(default_factory=list)  # CUDA: each call's flush, from before it to the start event
     kept: list[list[torch.Tensor | None]] = field(default_factory=list)
+    late: bool = False  # a call's device work was done before its settling began (`settle`)
+
+    def extend(self, other: Block) -> None:
+        """`other`'s times after these (its kept outputs stay with it)."""
+        self.event_ms += other.event_ms
+        self.device_ms += other.device_ms
+        self.gate_ms += other.gate_ms
+        self.late = self.late or other.late
 
 
 JITTER = 0.05  # each element's factor varies by this much around the call's common scale
@@ -87,7 +98,7 @@ class Rotation:
                            for _ in range(max(placements, 1))]
         self.live = self.placements[0]  # what a captured CUDA graph replays on
         self.generators: dict[torch.device, torch.Generator] = {}
-        self.flush: torch.Tensor | None = None  # CUDA: the part of the flush buffer its calls write (`_flush_for`)
+        self.flush: torch.Tensor | None = None  # CUDA: the part of the flush buffer its calls write (`flush.flush_for`)
 
     def fill(self, k: int, scale: float, seed: int, placement: int = 0) -> list[object]:
         """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
@@ -166,8 +177,9 @@ def warm_up(model: Callable[..., object], rotation: Rotation, count: int, second
     what it shows)."""
     deadline = _perf_counter_ns() + int(seconds * 1e9)
     done = 0
-    while done < count and _perf_counter_ns() < deadline:
-        model(*rotation.fill(done % len(rotation.bases), 1.0, next(_WARM_SEEDS)))
+    while done < count and _perf_counter_ns() < deadline:  # on every placement: buffers a model keys by its
+        # inputs' addresses are made here, outside the exchange's pool, not in a timed call (`carve`)
+        model(*rotation.fill(done % len(rotation.bases), 1.0, next(_WARM_SEEDS), done % len(rotation.placements)))
         _sync(device)
         done += 1
     return done
@@ -182,34 +194,68 @@ def replaced() -> list[str]:
 
 def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
                call: Callable[[], object] | None, keeper: Keeper, placement: int) -> Block:
-    assert _EventBase is not None and _device_sync is not None
     block = Block()
-    flush = _flush_for(rotation)
-    before, start, end, after = _events()
-    for i, (k, scale, seed) in enumerate(schedule):
-        _device_sync()  # the whole device, so no work of the previous call leaks in
-        inputs = rotation.fill(k, scale, seed, placement)
-        reset_persisting_l2()
-        stream = _current_stream()
-        _EventBase.record(before, stream)
-        flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
-        _EventBase.record(start, stream)
-        out = call() if call else model(*inputs)
-        _EventBase.record(end, _current_stream())
-        early = id(model) not in _LATE and _LAST_MS.get(id(model), 0.0) >= EARLY_MS
-        finish = keeper(i, out) if early else None
-        if early and _EventBase.query(end):  # the device was done first: `after` below may come late
-            _LATE.add(id(model))
-        _device_sync()  # waits for work on every stream, not only the current one
-        _EventBase.record(after, _current_stream())
-        block.kept.append((finish or keeper(i, out))())
-        _EventBase.synchronize(after)  # a keeper need not synchronise (the checker's copies do not)
-        block.event_ms.append(_EventBase.elapsed_time(start, end))
-        block.device_ms.append(_EventBase.elapsed_time(start, after))
-        block.gate_ms.append(_EventBase.elapsed_time(before, start))
-        _LAST_MS[id(model)] = block.event_ms[-1]
+    for i, one in enumerate(schedule):
+        settle(launch(model, rotation, one, i, keeper, call, placement), block)
     _device_sync()
     return block
+
+
+@dataclass
+class Launched:
+    """A timed call whose kernels are queued and may still run: what `settle` needs to time and keep it."""
+
+    key: int  # the model's id, for its `_LAST_MS` and `_LATE` entries
+    index: int  # its call index in the request
+    out: object
+    keeper: Keeper
+    finish: Callable[[], list] | None  # the keeper's second half, when its first ran right after the launch
+
+
+def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, float, int], index: int,
+           keeper: Keeper, replay: Callable[[], object] | None = None, placement: int = 0,
+           early: bool | None = None) -> Launched:
+    """Refill, flush and launch one timed call between its events, without waiting for the device.
+
+    The keeper's first half (describing and locating the outputs: host work only) runs at once when `early`,
+    while the device computes; by default, when the model's last call took EARLY_MS or more and its keeper never
+    outran the device. A worker that answers before settling (`overlap`) passes True."""
+    assert _EventBase is not None and _device_sync is not None
+    before, start, end, _ = _events()
+    flush = flush_for(rotation)
+    _device_sync()  # the whole device, so no work of the previous call leaks in
+    inputs = rotation.fill(*call, placement)
+    reset_persisting_l2()
+    stream = _current_stream()
+    _EventBase.record(before, stream)
+    flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
+    _EventBase.record(start, stream)
+    out = replay() if replay else model(*inputs)
+    _EventBase.record(end, _current_stream())
+    key = id(model)
+    if early is None:
+        early = key not in _LATE and _LAST_MS.get(key, 0.0) >= EARLY_MS
+    return Launched(key, index, out, keeper, keeper(index, out) if early else None)
+
+
+def settle(launched: Launched, block: Block) -> bool:
+    """Wait for everything the call left on the device (every stream), time it into `block` and keep its outputs.
+
+    Returns whether the device was done with the call's own stream before this began (`late`): the device-wide
+    time then carries host time, so such a model's keeper waits for the device from then on."""
+    before, start, end, after = _events()
+    late = launched.finish is not None and bool(_EventBase.query(end))
+    if late:
+        _LATE.add(launched.key)
+    _device_sync()  # waits for work on every stream, not only the current one
+    _EventBase.record(after, _current_stream())
+    block.kept.append((launched.finish or launched.keeper(launched.index, launched.out))())
+    _EventBase.synchronize(after)  # a keeper need not synchronise (the checker's copies do not)
+    block.event_ms.append(_EventBase.elapsed_time(start, end))
+    block.device_ms.append(_EventBase.elapsed_time(start, after))
+    block.gate_ms.append(_EventBase.elapsed_time(before, start))
+    _LAST_MS[launched.key] = block.event_ms[-1]
+    return late
 
 
 _EVENTS: list[Any] = []
@@ -223,46 +269,6 @@ def _events() -> list[Any]:
     if not _EVENTS:
         _EVENTS.extend(_EventBase(enable_timing=True) for _ in range(4))
     return _EVENTS
-
-
-_FLUSH: list[torch.Tensor] = []
-
-
-def flush_bytes(l2_bytes: int, bandwidth_gbs: float, ahead: int = 0) -> int:
-    """Bytes to write before a call: twice the L2 at least (eviction), and enough that, with `ahead` bytes of
-    the refill's traffic in front of it, the GPU stays busy for FLUSH_COVER_S at peak bandwidth (the cover).
-    Why count the refill: it runs on the same stream right before, so it covers the launch as well; 71_Conv2d's
-    268 MB refill made a 500 MB flush spend 0.08 ms of every timed call on cover it already had."""
-    evict = max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR
-    return max(evict, int(bandwidth_gbs * 1e9 * FLUSH_COVER_S) - ahead)
-
-
-def l2_flush_buffer() -> torch.Tensor:
-    """The byte buffer written (in part, `_flush_for`) before each timed call: as large as the flush of a call
-    with nothing ahead of it. Made once per process."""
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0), dtype=torch.uint8,
-                                  device="cuda"))
-    return _FLUSH[0]
-
-
-def _l2_bytes() -> int:
-    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-
-
-def _flush_for(rotation: Rotation) -> torch.Tensor:
-    """What is written before each of `rotation`'s calls (`flush_bytes` after its refill), found once per
-    rotation: the same inputs give the reference and a candidate the same flush, so their gates compare."""
-    flush = rotation.flush
-    if flush is None:
-        size = flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0, rotation.traffic())
-        flush = rotation.flush = l2_flush_buffer()[:size]
-    return flush
-
-
-def release_flush() -> None:
-    """Drop the flush buffer (a parked checker keeps only its input sets and expected outputs)."""
-    _FLUSH.clear()
 
 
 def _sync(device: str) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange, slot_bytes
-from kernelbench_eval.judge.measure import block_calls
 from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory, fits
 
@@ -33,7 +32,8 @@ class CandidateOps:
     pool: ExchangePool | None
     placed: list[list[Slot]]  # per call of the current block: where its outputs lie in the exchange
     held: list[list[Any]]  # per call of the current block: its outputs left in the pool area, kept alive until checked
-    spans: list[tuple[int, int]]  # the exchange bytes those outputs occupy
+    spans: list[tuple[int, int, int]]  # (call, begin, end): the exchange bytes those outputs occupy
+    overwrote: list[int]  # calls of the current block whose outputs left in place a later call's outputs lie over
 
     def op_attach(self, req: WorkerRequest) -> WorkerReply:
         assert req.exchange is not None
@@ -81,7 +81,7 @@ class CandidateOps:
             metas = [_meta(o) for o in outs]
             index = first + call
             del self.placed[index:], self.held[index:]
-            in_place = self._in_place(outs, metas, layout[call])
+            in_place = self._in_place(outs, metas, layout[call], index)
             if in_place is not None:
                 self.placed.append(in_place)
                 self.held.append(outs)  # their memory must not serve a later call before the checker reads it
@@ -97,18 +97,28 @@ class CandidateOps:
 
         return keeper
 
-    def _in_place(self, outs: list[Any], metas: list[TensorMeta], slots: list[Slot]) -> list[Slot] | None:
-        """The slots where `outs` already lie in the pool area, or None when any one does not, or when a block
-        may hold more than one call (`carve`): then all are copied."""
-        if self.pool is None or not fits(metas, slots) or block_calls(sum(slot_bytes(s) for s in slots)) != 1:
+    def _in_place(self, outs: list[Any], metas: list[TensorMeta], slots: list[Slot], call: int
+                  ) -> list[Slot] | None:
+        """The slots where `outs` already lie in the pool area, or None when any one does not (then all are copied).
+
+        Every output of this call is also looked for over the memory that earlier calls of the block left in
+        place (`spans`): a model that hands out one buffer again (a `self.out` made during a timed call) has
+        written over the earlier call's outputs before the checker read them. Those calls are reported
+        (`overwrote`), and the harness measures again in blocks of one call (`timed`)."""
+        if self.pool is None or not fits(metas, slots):
             return None
+        for out in outs:
+            begin, end = _extent(out)
+            self.overwrote += [earlier for earlier, first, last in self.spans
+                               if earlier not in self.overwrote and begin < self.pool.base + last
+                               and self.pool.base + first < end]
         placed, spans = [], []
         for out, slot in zip(outs, slots, strict=True):
             nbytes = slot_bytes(slot)
             offset = self.pool.offset_of(out, nbytes) if out.is_contiguous() else None
-            if offset is None or any(offset < end and begin < offset + nbytes for begin, end in self.spans + spans):
+            if offset is None or any(offset < end and begin < offset + nbytes for _, begin, end in self.spans + spans):
                 return None
-            spans.append((offset, offset + nbytes))
+            spans.append((call, offset, offset + nbytes))
             placed.append(Slot.model_construct(offset=offset, dtype=slot.dtype, shape=slot.shape, value=None))
         self.spans += spans
         return placed  # no wait: the checker reads them only after the call's device-wide synchronise
@@ -128,3 +138,12 @@ class CandidateOps:
             for out, slot in zip(outs, slots, strict=True):
                 self.exchange.view(slot).copy_(out)
         _sync(self.device)
+
+
+def _extent(out: Any) -> tuple[int, int]:
+    """The addresses a tensor's elements span, [begin, end): a view's too (none: an empty range)."""
+    torch = _torch()
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return 0, 0
+    last = sum((size - 1) * stride for size, stride in zip(out.shape, out.stride(), strict=True))
+    return out.data_ptr(), out.data_ptr() + (last + 1) * out.element_size()

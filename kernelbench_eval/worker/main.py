@@ -23,14 +23,15 @@ from typing import Any
 from kernelbench_eval.build import pch
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
-from kernelbench_eval.judge import cudagraph, cudart, timing
+from kernelbench_eval.judge import cudart, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
-from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import WorkerReply, WorkerRequest
 from kernelbench_eval.worker.candidate import CandidateOps
-from kernelbench_eval.worker.common import _device_name, _memory_bytes, _meta, _one_line, _torch
+from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch
 from kernelbench_eval.worker.reference import ReferenceOps
+from kernelbench_eval.worker.timed import TimingOps
 
 _BUILD_FAILURE = "Error building extension"
 # After these replies stdin is polled this long for the next timed call before sleeping on it: waking from a
@@ -42,7 +43,7 @@ KEEP_TIMING = frozenset({"export"})  # requests that allocate nothing on the dev
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`
 
 
-class Worker(ReferenceOps, CandidateOps):
+class Worker(ReferenceOps, CandidateOps, TimingOps):
     """One model's process: the reference's (the checker) or a candidate's; the ops say which role it plays."""
 
     def __init__(self) -> None:
@@ -55,6 +56,7 @@ class Worker(ReferenceOps, CandidateOps):
         self.placed: list[list[Any]] = []
         self.held: list[list[Any]] = []
         self.spans: list[tuple[int, int]] = []
+        self.overwrote: list[int] = []
         self.rotation: timing.Rotation | None = None
         self.rotation_sets: tuple[str, ...] = ()
         self.kept: list[list[Any]] = []
@@ -63,6 +65,9 @@ class Worker(ReferenceOps, CandidateOps):
         self.graph_error: str | None = None
         self.timing_scope: contextlib.ExitStack | None = None  # held from one timed request to the next
         self.timing_pool: ExchangePool | None = None
+        self.pending: timing.Launched | None = None
+        self.settled = timing.Block()
+        self.deferred: BaseException | None = None  # what failed after a reply was written: the next one says it
 
     # -- ops both roles use --------------------------------------------------------------------------
 
@@ -95,63 +100,6 @@ class Worker(ReferenceOps, CandidateOps):
             reply.memory_bandwidth_gbs = cudart.memory_bandwidth_gbs()
             reply.event_overhead_ms = cudart.event_overhead_ms()
         return reply
-
-    def op_time(self, req: WorkerRequest) -> WorkerReply:
-        """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
-        every call's outputs are kept for the checks, the block's together."""
-        names = tuple(req.input_sets)
-        if self.rotation is None or self.rotation_sets != names:
-            self.leave_timing()  # the new buffers must not come from the exchange's pool
-            self.rotation = timing.Rotation([self.sets[n] for n in names],
-                                            timing.PLACEMENTS if self.device == "cuda" else 1)
-            self.rotation_sets = names
-        model = self.models[req.model]
-        # the candidate's outputs stay in the exchange's pool area or are copied into the exchange; the
-        # checker's are copied into storage of its own, made once and reused, so neither side allocates per
-        # call (fresh pages per call made the reference 1.5-1.9x slower)
-        pooled = self.pool if req.layout and not req.graph else None
-        if pooled is not None:
-            timing.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
-        if req.first == 0:
-            self.kept, self.placed, self.held, self.spans = [], [], [], []
-        self._enter_timing(pooled)
-        if req.warmup:  # in the pool too: its segments are carved before timing
-            timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
-        if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
-            self.replay, self.graph_error = cudagraph.capture_graph(model, self.rotation)
-        keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
-                  else self.store_keeper(req.first, len(req.schedule)))
-        block = timing.time_block(model, self.rotation, req.schedule, self.device,
-                                  self.replay if req.model == "main" else None, keeper, req.placement)
-        self.kept += block.kept
-        # each call's outputs described (and, by a candidate, located) in its own reply: the hand-over is the
-        # reply, inside the harness's wall clock on the block, with nothing left to do after the last call
-        # (the checker's reply says where its own copies lie, which nobody reads: the same bytes to write and
-        # parse on the harness's clock as the candidate's, so the clock check compares like with like)
-        metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in kept] for kept in block.kept]
-        placed = self.placed[req.first:req.first + len(req.schedule)] if req.layout else [
-            [Slot.model_construct(offset=0, dtype=m.dtype, shape=m.shape or [], value=None) for m in call]
-            for call in metas]
-        return WorkerReply(ok=True, samples_ms=block.event_ms, device_ms=block.device_ms, gate_ms=block.gate_ms,
-                           graph_error=self.graph_error, replaced=timing.replaced(), metas=metas, placed=placed)
-
-    def _enter_timing(self, pooled: ExchangePool | None) -> None:
-        """Grad mode off, and a candidate's allocations in the exchange's pool, from the first timed request
-        until a request of another kind (`leave_timing`): entered and left per request, they cost every timed
-        call host time with the device idle, between its predecessor's end and its own refill."""
-        if self.timing_scope is not None and self.timing_pool is pooled:
-            return
-        self.leave_timing()
-        scope = contextlib.ExitStack()
-        scope.enter_context(_torch().no_grad())
-        if pooled is not None:
-            scope.enter_context(pooled.allocating())
-        self.timing_scope, self.timing_pool = scope, pooled
-
-    def leave_timing(self) -> None:
-        if self.timing_scope is not None:
-            scope, self.timing_scope, self.timing_pool = self.timing_scope, None, None
-            scope.close()
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
@@ -239,6 +187,10 @@ def serve(reply_fd: int) -> None:
     worker = Worker()
     for line in sys.stdin:
         req = WorkerRequest.model_validate_json(line)
+        try:  # an answered (overlapped) call's device work, waited for now: the next request, read and parsed
+            worker.after_reply()  # while the device still computed, costs it no idle time
+        except Exception as exc:
+            worker.deferred = exc
         if req.op == "exit":
             break
         # no collection (0.1 s once torch is loaded) inside a timed call: it waits for a request of another kind
@@ -250,6 +202,9 @@ def serve(reply_fd: int) -> None:
                 worker.leave_timing()
         started = time.perf_counter()
         try:
+            if worker.deferred is not None:
+                failed, worker.deferred = worker.deferred, None
+                raise failed
             reply = getattr(worker, f"op_{req.op}")(req)
         except Exception as exc:
             traceback.print_exc()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbench_eval.isolation.linux import keep_memory_private
-from kernelbench_eval.judge import timing
+from kernelbench_eval.judge import flush, timing
 from kernelbench_eval.judge.check import compare_outputs, degenerate_outputs
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_inputs
@@ -83,7 +83,7 @@ class ReferenceOps:
         outputs stay."""
         self.kept, self.store = [], []
         if self.device == "cuda":
-            timing.release_flush()
+            flush.release_flush()
             if self.rotation is not None:
                 self.rotation.flush = None  # a view: it would hold the buffer
             _torch().cuda.empty_cache()
