@@ -110,7 +110,7 @@ class _Worker(worker_main.Worker):
         self.pending = SimpleNamespace()  # type: ignore[assignment]
         return self._with_times(WorkerReply(ok=True))
 
-    def after_reply(self) -> None:
+    def settle_answered(self) -> None:
         if self.pending is not None:
             self.pending = None
             if "settled" in self.settles:

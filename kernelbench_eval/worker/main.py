@@ -188,7 +188,7 @@ def serve(reply_fd: int) -> None:
     for line in sys.stdin:
         req = WorkerRequest.model_validate_json(line)
         try:  # an answered (overlapped) call's device work, waited for now: the next request, read and parsed
-            worker.after_reply()  # while the device still computed, costs it no idle time
+            worker.settle_answered()  # while the device still computed, costs it no idle time
         except Exception as exc:
             worker.deferred = exc
         if req.op == "exit":

@@ -2,7 +2,7 @@
 
 A call is answered either once its device work is done, or (`WorkerRequest.overlap`, CUDA) as soon as it is
 launched and its outputs described: the reply, the harness's reading of it and the next request then pass
-while the device still computes, and the worker waits for the device after it has answered (`after_reply`).
+while the device still computes, and the worker waits for the device after it has answered (`settle_answered`).
 That call's times go out with the next reply; a request of no calls ends the block, answered once the last
 call's device work is done, so the harness never checks outputs that are still being written. `serve` reads
 and parses the next request before it waits (the harness sends it as soon as it has read the reply), so that
@@ -93,7 +93,7 @@ class TimingOps:
         return self._with_times(WorkerReply(ok=True, graph_error=self.graph_error, replaced=timing.replaced(),
                                             metas=metas, placed=placed, overwrote=self.overwrote))
 
-    def after_reply(self) -> None:
+    def settle_answered(self) -> None:
         """Once an overlapped call's reply is written and the next request read: wait for the call's device work,
         time it and keep its outputs."""
         if self.pending is None:
