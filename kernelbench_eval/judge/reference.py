@@ -157,13 +157,19 @@ class ReferenceSide:
         """Calls a timing block holds (`measure.block_calls`): with `in_place`, as this lane's candidates are timed
         (large outputs left in place where CUDA IPC lends the exchange and the device has room for its pool
         area), so that the reference alone keeps their cadence; else as where outputs are copied."""
-        copied = block_calls(self.output_bytes())
-        if not in_place or copied > 1 or not self.ipc or self.settings.device != "cuda":
-            return copied
+        calls, area = self._in_place_block() if in_place else (0, 0)
+        return calls if area else block_calls(self.output_bytes())
+
+    def _in_place_block(self) -> tuple[int, int]:
+        """(calls, pool area bytes) of the largest in-place block the device has room for; (0, 0): none (outputs
+        small enough to copy, no CUDA IPC, the CPU, or no room)."""
+        if block_calls(self.output_bytes()) > 1 or not self.ipc or self.settings.device != "cuda":
+            return 0, 0
         for calls in sorted({block_calls(self.output_bytes(), in_place=True), 1}, reverse=True):  # the most that fit
-            if pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls):
-                return calls
-        return copied
+            area = pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls)
+            if area:
+                return calls, area
+        return 0, 0
 
     def timed_layout(self, calls: int) -> list[list[Slot]]:
         return output_layout(self.metas[0], calls)
@@ -173,9 +179,7 @@ class ReferenceSide:
         with `pool`, where outputs are large, followed by the area its timed calls allocate from (`carve`: outputs
         compared where the call put them, in blocks of several calls). `calls` says how many a block holds."""
         copied = self.calls_per_block(in_place=False)
-        calls = self.calls_per_block() if pool else copied
-        in_place = pool and self.ipc and self.settings.device == "cuda" and copied == 1
-        area = pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls) if in_place else 0
+        calls, area = self._in_place_block() if pool else (0, 0)
         calls = calls if area else copied
         slots = self._slots(calls)
         offset = -(-slots // SEGMENT_ALIGN) * SEGMENT_ALIGN if area else 0
