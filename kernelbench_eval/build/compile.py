@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernelbench_eval.build import pch
+from kernelbench_eval.build import nvcc, pch
 from kernelbench_eval.build.relocate import rewrite_triton
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
@@ -59,9 +59,10 @@ class Compiled:
 
 
 def build_dir(cache_dir: Path, candidate: Candidate, device: str, warm: WarmupSpec | None = None) -> Path:
-    """`<sha>-<torch>-<device>`, plus `-w<inputs>` for a build warmed up (`warmup_for`) on given inputs."""
+    """`<sha>-<torch>-<device>`, plus `-w<inputs>` for a build warmed up (`warmup_for`) on given inputs, and
+    `-n<setting>` where nvcc's commands go through `nvcc` (its `build.ninja` differs)."""
     torch_tag = torch.__version__.replace("+", "_")
-    suffix = f"-w{warm.key()}" if warm is not None else ""
+    suffix = (f"-w{warm.key()}" if warm is not None else "") + nvcc.tag()
     return cache_dir / "builds" / f"{candidate.source_sha256[:24]}-{torch_tag}-{device}{suffix}"
 
 
@@ -75,9 +76,10 @@ def warmup_for(candidate: Candidate, warm: WarmupSpec | None) -> WarmupSpec | No
 
 
 def extension_env(build: Path, triton: Path | None = None) -> dict[str, str]:
-    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory;
+    """The environment that points `load_inline` (and Triton's cache) at this candidate's own build directory,
+    and its nvcc commands at `nvcc` (the same for its build and every load, so ninja finds nothing to redo);
     `triton`: a private copy of the build's Triton cache instead (`private_triton`)."""
-    env = build_env(build)
+    env = build_env(build) | nvcc.env()
     if triton is not None:
         env["TRITON_CACHE_DIR"] = str(triton)
     return env
