@@ -145,6 +145,11 @@ def test_auto_starts_a_second_step_only_while_a_core_is_idle(monkeypatch: pytest
     monkeypatch.setattr(nvcc, "idle_cores", lambda: next(readings))
     side = nvcc._Side("auto")
     assert [side.allows() for _ in range(5)] == [False, False, False, True, True]  # two idle readings in a row
+    clock = iter([100.0, 100.0 + 10 * nvcc.POLL_S, 100.0 + 11 * nvcc.POLL_S])
+    monkeypatch.setattr(nvcc.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(nvcc, "idle_cores", lambda: 2)
+    side = nvcc._Side("auto")
+    assert [side.allows() for _ in range(3)] == [False, False, True]  # a reading from long ago does not count
     assert nvcc._Side("always").allows() and not nvcc._Side("never").allows()
 
 

@@ -168,13 +168,14 @@ class _Side:
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        self._idle_before = False
+        self._idle_at: float | None = None  # when the last reading found a core idle
 
     def allows(self) -> bool:
         if self.mode != "auto":
             return self.mode == "always"
-        idle, self._idle_before = self._idle_before, idle_cores() >= 1
-        return idle and self._idle_before
+        now, before = time.monotonic(), self._idle_at
+        self._idle_at = now if idle_cores() >= 1 else None
+        return self._idle_at is not None and before is not None and now - before <= 2 * POLL_S
 
 
 def idle_cores() -> int:
