@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from kernelbench_eval.containment import SandboxRecord
-from kernelbench_eval.records import Device, KernelCount, KernelRow
+from kernelbench_eval.records import Device, KernelCount, KernelRow, PrecisionCheck
 
 
 class TensorMeta(BaseModel):
@@ -51,6 +51,7 @@ class CheckResult(BaseModel):
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
     error: str | None = None
+    precision: PrecisionCheck | None = None  # trial 0: both errors against the float64 truth (`judge.truth`)
 
 
 class WorkerRequest(BaseModel):
@@ -97,13 +98,37 @@ class WorkerRequest(BaseModel):
     graph: bool = False
     first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
     placement: int = 0  # time: which of the worker's input placements this call uses (`timing.Rotation`)
+    cover_s: float = 0.0  # time (CUDA): the launch cover before each call, the same for every model (`measure`)
     # time (CUDA): answer once the call is launched and described; its times come with the next reply, and the
     # block ends with a request of no calls, answered once the last call's device work is done (`measure.overlaps`)
     overlap: bool = False
+    # expect (checker): the memory budget, bytes (None: the device's free memory, `memory.SHARE` of it), and the
+    # share of it this checker may plan with (lanes on one device share it)
+    memory_budget: int | None = None
+    memory_share: float = 1.0
+    # attach (candidate) / take: live input buffers its timed calls use (`memory` plan); take: drop every set held
+    placements: int = 0
+    drop: bool = False
     # export (candidate) / compare_timed (checker): calls of the last block, and their slots
     calls: list[int] = Field(default_factory=list)
     layout: list[list[Slot]] = Field(default_factory=list)
     metas: list[list[TensorMeta]] = Field(default_factory=list)
+
+
+class MemoryPlan(BaseModel):
+    """The checker's plan under the memory budget (`judge/memory.py`), and the sizes it was made from."""
+
+    trial_inputs: bool
+    expected: bool
+    timing_sets: int
+    placements: int
+    need_bytes: int
+    budget_bytes: int
+    fits: bool
+    resident_bytes: int  # what it keeps between candidates
+    input_bytes: int
+    output_bytes: int
+    transient_bytes: int
 
 
 class WorkerReply(BaseModel):
@@ -123,6 +148,7 @@ class WorkerReply(BaseModel):
     samples_ms: list[float] = Field(default_factory=list)
     device_ms: list[float] = Field(default_factory=list)  # start to after a device-wide synchronise
     gate_ms: list[float] = Field(default_factory=list)  # CUDA: each call's flush (its launch cover), timed
+    launch_ms: list[float] = Field(default_factory=list)  # time: each call's host time (its warm-up calls' too)
     graph_error: str | None = None
     replaced: list[str] = Field(default_factory=list)  # time: timing functions the process's code replaced
     late: bool = False  # time: an answered call's device work was done before the worker began to wait for it
@@ -141,3 +167,9 @@ class WorkerReply(BaseModel):
     kernel_rows: list[KernelRow] = Field(default_factory=list)  # profile: per-kernel table
     sandbox: SandboxRecord | None = None  # a candidate's worker, first line: what it confined itself with
     seconds: float = 0.0
+    residency: MemoryPlan | None = None  # expect: what the checker keeps resident under the memory budget
+    distributions: list[str] = Field(default_factory=list)  # expect: each trial's input distribution (`draws`)
+    distributions_note: str | None = None  # expect: the distributions the reference refused, and why
+    truth_note: str | None = None  # expect: why no float64 truth judges the trials, when none does
+    peak_bytes: int | None = None  # every reply but a timed call's: the worker's peak memory so far
+

@@ -12,9 +12,10 @@ import json
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelbench_eval.containment import SandboxRecord
+from kernelbench_eval.discover.names import sample_of
 from kernelbench_eval.judge.stats import Samples
 from kernelbench_eval.statuses import Status
 
@@ -27,8 +28,10 @@ def now_utc() -> str:
 
 
 class TimingStats(BaseModel):
-    """Summary of per-call times in milliseconds; the median is the number people compare."""
+    """Summary of per-call times in milliseconds. `per_call_ms` is the figure a runtime is reported as (the median
+    of 10-call window means, `stats.per_call_ms`); the rest describe single calls (their median, spread)."""
 
+    per_call_ms: float | None = None  # None in records made before it existed
     median_ms: float
     mean_ms: float
     std_ms: float
@@ -40,7 +43,8 @@ class TimingStats(BaseModel):
     @classmethod
     def from_samples(cls, samples_ms: list[float]) -> TimingStats:
         """The record of a `stats.Samples` summary (ValueError when there are none)."""
-        return cls(**Samples(samples_ms).summary())
+        samples = Samples(samples_ms)
+        return cls(per_call_ms=samples.per_call(), **samples.summary())
 
 
 class RunSettings(BaseModel):
@@ -66,6 +70,7 @@ class RunSettings(BaseModel):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of inputs and models (`precision.py`)
     smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
     account_launches: bool = False  # profile one more forward of each correct candidate (`kernels`); costs seconds
+    allow_reduced_precision: bool = False  # a candidate far less precise than the reference stays `ok` (`precision`)
 
     def key(self) -> str:
         return _digest(self._payload(exclude={"smoke"}))  # the fields it set are in the key
@@ -73,15 +78,16 @@ class RunSettings(BaseModel):
     def timing_key(self) -> str:
         """What changes a baseline's timing: inputs, threads and the timing loop, not the tolerances."""
         return _digest(self._payload(exclude={"trials", "atol", "rtol", "max_speedup", "compile_baseline",
-                                              "smoke"}))
+                                              "smoke", "allow_reduced_precision"}))
 
     def _payload(self, exclude: set[str] | None = None) -> dict:
         """The settings that make the key; fp32 is left out, so runs made before `precision` keep their keys."""
         payload = self.model_dump(mode="json", exclude=exclude)
         if payload.get("precision") == "fp32":
             del payload["precision"]
-        if not payload.get("account_launches", True):  # off: the keys of runs made before it existed
-            del payload["account_launches"]
+        for name in ("account_launches", "allow_reduced_precision"):
+            if not payload.get(name, True):  # off: the keys of runs made before it existed
+                del payload[name]
         return payload
 
 
@@ -94,6 +100,17 @@ class Timing(BaseModel):
 
     candidate: TimingStats
     reference: TimingStats
+    # what runtime_ms, ref_runtime_ms and the speedup measure: "device" (CUDA: the call's device time, its host
+    # launch work hidden behind a cover as long as the slower model's launches) or "wall" (CPU: the call's time)
+    basis: str = "device"
+    # the other basis: per call, the longer of the host time and the device time (host launch work included)
+    latency_ms: float | None = None
+    ref_latency_ms: float | None = None
+    latency_speedup: float | None = None
+    launch_ms: float | None = None  # median host time per call (CUDA: launching its work)
+    ref_launch_ms: float | None = None
+    cover_ms: float | None = None  # CUDA: the launch cover before each call at the end (the same for both)
+    unresolved: str | None = None  # why the speedup's interval cannot tell 10 % apart, when it cannot
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None  # within the session, widened by the between-session term
     speedup_ci_within: tuple[float, float] | None = None  # from this session's calls alone (the bootstrap)
@@ -209,6 +226,34 @@ class KernelRow(BaseModel):
     share: float  # of the model's profiled time
 
 
+class PrecisionCheck(BaseModel):
+    """Trial 0's outputs against the float64 truth (`judge.truth`, `precision.reduced_precision`): the candidate's
+    and the reference's norm-wise relative errors, for the output where the candidate's is largest beside the
+    reference's; or, when there are none, why (`note`: the reference cannot run in float64, ...)."""
+
+    candidate_error: float | None = None
+    reference_error: float | None = None
+    output: int = 0
+    timed_error: float | None = None  # the largest over the timed calls, the reference's output standing in for
+    # the truth (`truth.stand_in`): a candidate precise only on the trials shows here
+    note: str | None = None
+
+
+class MemoryRecord(BaseModel):
+    """Memory, as judging one candidate used it (`judge/memory.py`): the budget's plan and each worker's peak
+    (CUDA: the allocator's peak on the device; CPU: the process's peak resident size)."""
+
+    budget_bytes: int  # what the checker and a candidate may use together
+    need_bytes: int  # the peak the plan counted on
+    fits: bool  # False: even the least resident plan was over the budget
+    trial_inputs_resident: bool  # else each trial's input set was drawn again from its seed
+    expected_resident: bool  # else each trial's expected outputs were computed again by the reference
+    timing_sets: int  # base sets the timed calls rotated through
+    placements: int  # live input buffers per worker
+    reference_peak_bytes: int | None = None
+    candidate_peak_bytes: int | None = None
+
+
 class Findings(BaseModel):
     """What judging settles about one candidate: every field of its verdict but who, where and when.
 
@@ -248,6 +293,12 @@ class Findings(BaseModel):
     kernels: KernelCount | None = None  # launch accounting of one forward, for correct candidates
     kernels_warning: str | None = None  # set when none of the work ran in the candidate's own kernels
     sandbox: SandboxRecord | None = None  # what contained its processes (None: none ran, or an older run)
+    memory: MemoryRecord | None = None  # the memory budget's plan and the workers' peaks (None: not judged)
+    # each trial's input distribution (`worker.draws`: normal, shifted, heavy_tailed, row_scaled; normal where the
+    # reference refused one) and what was refused; None: not judged, or a run made before they existed
+    distributions: list[str] | None = None
+    distributions_note: str | None = None
+    precision_check: PrecisionCheck | None = None  # trial 0 against the float64 truth
     error: str | None = None
 
     def disqualify(self, status: Status, error: str) -> None:
@@ -271,6 +322,13 @@ class Verdict(Findings):
     log: str | None = None
     wall_seconds: float = 0.0
     finished_at: str = ""
+    sample: int | None = None  # KernelBench's sample index: S of a file level_{L}_problem_{P}_sample_{S}_kernel.py
+
+    @model_validator(mode="after")
+    def _sample_from_name(self) -> Verdict:
+        """The index discovery gives the candidate (`Candidate.sample`): the one its file name carries, if any."""
+        self.sample = sample_of(self.candidate) if self.sample is None else self.sample
+        return self
 
     def findings(self) -> Findings:
         return Findings.model_validate(self.model_dump(include=set(Findings.model_fields)))

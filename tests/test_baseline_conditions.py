@@ -140,6 +140,7 @@ def test_without_a_stored_baseline_one_is_measured_and_stored(reference):
     assert BaselineStore(ref.store.path).get(fresh.key()).model_dump() == fresh.model_dump()
 
 
+@pytest.mark.slow  # two runs with torch.compile baselines
 def test_a_run_measures_again_a_stored_baseline_without_conditions(tmp_path: Path):
     """End to end: an entry as an older harness stored it (signed, no conditions) is measured again by the next
     run, which says why in the verdict and stores one that records what it was measured beside."""

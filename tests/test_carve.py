@@ -9,7 +9,7 @@ import torch
 
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.carve import POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
+from kernelbench_eval.judge.carve import IN_PLACE_VAR, POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
 from kernelbench_eval.judge.exchange import Exchange, output_layout
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets
 from kernelbench_eval.judge.measure import block_calls
@@ -130,11 +130,13 @@ def test_large_outputs_left_in_place_share_a_block_that_divides_the_window():
     assert block_calls(200 << 20, in_place=True) == block_calls(200 << 20) == 2  # copied: a pool only for the large
 
 
-def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_path):
-    """71_Conv2d's outputs on a GPU: five calls to a block where a quarter of the device holds their pool area
-    (an H100), one where only a block of one fits (a 16 GB card), copied blocks where CUDA IPC was refused or on
-    the CPU. The reference's own blocks follow the same rule, so alone it keeps its candidates' cadence."""
+def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_path, monkeypatch):
+    """71_Conv2d's outputs on a GPU, outputs in place asked for (KBEVAL_IN_PLACE=1): five calls to a block where a
+    quarter of the device holds their pool area (an H100), one where only a block of one fits (a 16 GB card),
+    copied blocks where CUDA IPC was refused or on the CPU. The reference's own blocks follow the same rule, so
+    alone it keeps its candidates' cadence. Not asked for (the default), blocks are copied."""
     problem = Problem("71", tmp_path / "p.py", "0" * 64)
+    monkeypatch.setenv(IN_PLACE_VAR, "1")
     settings = RunSettings(device="cuda")
     ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "log", 60, 60, BaselineStore(tmp_path / "b"))
     try:
@@ -149,5 +151,8 @@ def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_pat
         assert ref.calls_per_block() == 1
         ref.settings = RunSettings(device="cpu")
         assert ref.calls_per_block() == 1
+        ref.settings, ref.ipc = settings, True
+        monkeypatch.delenv(IN_PLACE_VAR)
+        assert ref.calls_per_block() == 1  # the default: no pool area, outputs copied
     finally:
         ref.close()

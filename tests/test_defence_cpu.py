@@ -30,6 +30,8 @@ from kernelbench_eval.build.compile import RECORD_NAME, BuildTampered, build_dir
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.store import keys
 
+pytestmark = pytest.mark.slow  # runs over the defence fixtures, extensions built
+
 PROBLEMS = FIXTURES / "defence_problems"
 ATTACKS = FIXTURES / "attacks_defence"
 SHARED_RUN = ["twins", "forge_compile", "lock_dir", "poison_inputs", "toctou", "env_leak", "squat", "fork_hijack"]

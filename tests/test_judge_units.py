@@ -310,10 +310,14 @@ SLOW_FRESH = SLOW.replace("class Model(", "class ModelNew(").split("def get_inpu
 @pytest.mark.parametrize(("problem", "source", "in_place"), [(BIG, BIG_FRESH, True), (BIG, BIG_REUSING, False),
                                                              (PROBLEM, HONEST, False)])
 def test_timed_outputs_are_compared_where_the_call_put_them(tmp_path: Path, problem: str, source: str,
-                                                            in_place: bool):
-    """On a GPU, where outputs are large, a timed call's fresh outputs are compared where it put them, in the
-    exchange's pool area (no copy), ten calls to a block; a buffer the model made in its first trial and hands out
-    every call lies outside it and is copied, as are small outputs. Correct either way."""
+                                                            in_place: bool, monkeypatch: pytest.MonkeyPatch):
+    """On a GPU, with outputs in place asked for (`carve.IN_PLACE_VAR`), where outputs are large, a timed call's
+    fresh outputs are compared where it put them, in the exchange's pool area (no copy), ten calls to a block; a
+    buffer the model made in its first trial and hands out every call lies outside it and is copied, as are small
+    outputs. Correct either way."""
+    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+
+    monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, source, "pooled", device="cuda", problem=problem)
     assert findings.correct and findings.timing is not None, findings.error
     assert findings.timing.exchange == "cuda_ipc" and findings.timing.block_calls == 10

@@ -23,6 +23,8 @@ from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.judge.conditions import doubts
 from kernelbench_eval.records import Conditions, RunManifest, RunSettings
 
+pytestmark = pytest.mark.slow  # the fixture corpus built (C++ extensions) and judged end to end: minutes
+
 EXPECTED = {
     "cpp_honest": "ok",
     "py_honest": "ok",

@@ -33,6 +33,8 @@ from kernelbench_eval.build import artifacts, relocate
 from kernelbench_eval.build.compile import adopt, build_lock, compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 
+pytestmark = pytest.mark.slow  # a Ray cluster of separate nodes on one host: over a minute
+
 PROBLEMS = FIXTURES / "problems"
 SOURCES = FIXTURES / "candidates" / "tiny_linear_relu"
 GATED = '''import os, pathlib, time
@@ -43,6 +45,13 @@ if GATE.exists():  # this stage waits here until the test has killed the node ru
     while GATE.exists():
         time.sleep(0.2)
 '''
+
+
+def beside_python(name: str) -> str:
+    """An executable of this environment: the one next to `sys.executable` (a venv's `bin/`, found whether or
+    not the venv is activated), else whatever PATH finds."""
+    here = Path(sys.executable).parent / name
+    return str(here) if os.access(here, os.X_OK) else (shutil.which(name) or name)
 
 
 def _port() -> int:
@@ -77,9 +86,10 @@ class Cluster:
         cache = self.root / f"cache-{name}"
         ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port",
                  "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"]
-        cmd = ["ray", "start", "--num-cpus", "1", "--node-name", name, "--resources", json.dumps(resources),
-               "--temp-dir", str(self.root / f"ray-{name}"), "--disable-usage-stats", "--object-store-memory",
-               str(100 * 1024 * 1024)] + [arg for flag in ports for arg in (flag, str(_port()))]
+        cmd = [beside_python("ray"), "start", "--num-cpus", "1", "--node-name", name, "--resources",
+               json.dumps(resources), "--temp-dir", str(self.root / f"ray-{name}"), "--disable-usage-stats",
+               "--object-store-memory", str(100 * 1024 * 1024)]
+        cmd += [arg for flag in ports for arg in (flag, str(_port()))]
         cmd += (["--head", "--port", str(self.port), "--include-dashboard", "false"] if head
                 else ["--address", self.address])
         env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), KBEVAL_TEST_NODE=token, PYTHONPATH=pythonpath())
@@ -115,6 +125,20 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     finally:
         nodes.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_executables_are_found_beside_python_without_an_activated_venv(monkeypatch, tmp_path):
+    """`ray start` used to be looked up on PATH only: FileNotFoundError: 'ray' when the venv is not activated."""
+    pytest.importorskip("ray")
+    venv_bin = Path(sys.executable).parent
+    if not os.access(venv_bin / "ray", os.X_OK):
+        pytest.skip(f"no ray executable in {venv_bin}")
+    monkeypatch.setenv("PATH", str(tmp_path))  # as if the venv's bin/ were not on PATH
+    assert shutil.which("ray") is None
+    assert beside_python("ray") == str(venv_bin / "ray")
+    (tmp_path / "onlyonpath").write_text("#!/bin/sh\n")
+    (tmp_path / "onlyonpath").chmod(0o755)
+    assert beside_python("onlyonpath") == str(tmp_path / "onlyonpath")  # PATH is still the fallback
 
 
 def _build(root: Path) -> Path:
@@ -165,7 +189,7 @@ def test_ninja_command_hashes_are_ninjas(tmp_path):
     commands = {f"o{n}": ":" if n == 1 else ": " + "x" * (n - 2) for n in lengths}
     (tmp_path / "build.ninja").write_text("".join(f"rule r_{out}\n  command = {cmd}\nbuild {out}: r_{out}\n"
                                                   for out, cmd in commands.items()))
-    subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run([beside_python("ninja"), "-C", str(tmp_path)], check=True, capture_output=True)
     log = (tmp_path / ".ninja_log").read_text().splitlines()
     hasher = relocate.LOG_HASHES[int(log[0].removeprefix("# ninja log v"))]
     logged = {fields[3]: int(fields[4], 16) for fields in (line.split("\t") for line in log[1:])}
@@ -192,15 +216,15 @@ def _ninja_project(build: Path) -> Path:
 
 
 def _dry_run(folder: Path) -> str:
-    return subprocess.run(["ninja", "-C", str(folder), "-n", "-d", "explain"], capture_output=True, text=True,
-                          check=True).stdout + "\n"
+    return subprocess.run([beside_python("ninja"), "-C", str(folder), "-n", "-d", "explain"], capture_output=True,
+                          text=True, check=True).stdout + "\n"
 
 
 def test_a_build_unpacked_under_another_root_is_not_rebuilt(tmp_path):
     made = tmp_path / "a" / "builds" / "b1"
     folder = _ninja_project(made)
     (folder / "main.cpp").write_text("int x;\n")
-    subprocess.run(["ninja", "-C", str(folder)], check=True, capture_output=True)
+    subprocess.run([beside_python("ninja"), "-C", str(folder)], check=True, capture_output=True)
     data = artifacts.pack(made)
     shutil.rmtree(tmp_path / "a")  # another node: the path it was made at does not exist there
     moved = tmp_path / "another-node-cache" / "builds" / "b1"
@@ -240,7 +264,7 @@ def test_a_carried_build_keeps_its_mtimes_to_the_nanosecond(tmp_path):
     made = tmp_path / "a" / "builds" / "b1"
     folder = _ninja_project(made)
     (folder / "main.cpp").write_text("int x;\n")
-    subprocess.run(["ninja", "-C", str(folder)], check=True, capture_output=True)
+    subprocess.run([beside_python("ninja"), "-C", str(folder)], check=True, capture_output=True)
     ns = _an_mtime_a_tar_moves_later(tmp_path / "scratch")
     os.utime(folder / "main.cpp", ns=(ns, ns))
     log = (folder / ".ninja_log").read_text().splitlines()

@@ -169,8 +169,8 @@ def test_html_is_self_contained_and_escaped(run_dir: Path) -> None:
 
 def test_write_default_reports(run_dir: Path) -> None:
     paths = write_default_reports(run_dir)
-    assert sorted(p.name for p in paths) == ["junit.xml", "leaderboard.csv", "leaderboard.json", "report.html",
-                                             "summary.json"]
+    assert sorted(p.name for p in paths) == ["eval_results.json", "junit.xml", "leaderboard.csv", "leaderboard.json",
+                                             "report.html", "summary.json"]
     assert all(p.parent == run_dir and p.stat().st_size > 0 for p in paths)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["candidates"] == 10 and summary["statuses"]["ok"] == 4

@@ -40,6 +40,8 @@ from kernelbench_eval.isolation.workerenv import worker_env
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.store import keys
 
+pytestmark = pytest.mark.slow  # attack fixtures built and run with and without the sandbox
+
 SBX = FIXTURES / "attacks_sandbox"
 FAST = ("--device", "cpu", "--jobs", "1", "--timeout", "60", "--trials", "2", "--timing-budget", "0.3",
         "--reps", "5", "--max-reps", "20", "--warmup", "1", "--warmup-seconds", "0.1", "--threads", "1",

@@ -23,6 +23,7 @@ def statuses(run_dir: Path) -> dict[str, str]:
     return {name: v["status"] for name, v in read_verdicts(run_dir).items()}
 
 
+@pytest.mark.slow
 def test_two_lanes_judge_every_candidate_once_with_the_same_verdicts(fixture_run, build_cache, tmp_path):
     kbeval("run", *FIXTURE_RUN_ARGS, "--lanes", "2", "--out", str(tmp_path), "--run-id", "lanes", cache=build_cache)
     lines = (tmp_path / "lanes" / "verdicts.jsonl").read_text().splitlines()
@@ -33,6 +34,7 @@ def test_two_lanes_judge_every_candidate_once_with_the_same_verdicts(fixture_run
     assert lanes == {"cpu:0", "cpu:1"}  # both lanes judged candidates
 
 
+@pytest.mark.slow
 def test_two_runs_sharing_a_cold_cache_build_each_source_once(tmp_path):
     """Two concurrent runs over the same C++ candidates and one empty cache: one builds, the other waits for it."""
     cands = tmp_path / "candidates" / "tiny_linear_relu"
@@ -56,6 +58,7 @@ def test_two_runs_sharing_a_cold_cache_build_each_source_once(tmp_path):
     assert len(list(cache.rglob("*.so"))) == 2  # one build per source, none torn or doubled
 
 
+@pytest.mark.slow
 def test_ray_backend_end_to_end_and_resume(fixture_run, build_cache, tmp_path):
     """Compiles as Ray tasks, evaluation in a Ray actor lane, verdicts recorded by the driver; then a resume."""
     pytest.importorskip("ray")
@@ -86,3 +89,30 @@ def test_unknown_backend_is_a_usage_error(build_cache, tmp_path):
                   check=False)
     assert proc.returncode == 2 and "unknown backend 'slurm'" in proc.stderr
 
+
+
+def test_the_phase_account_splits_wall_time_by_what_ran(monkeypatch, tmp_path):
+    """Issue 38: two builds overlapping a lane's judging, then idle time: each mix of phases gets its seconds, each
+    phase its worker-seconds, and the phase running longest is the bound; sessions accumulate in phases.json."""
+    from kernelbench_eval.results import phases
+
+    now = [100.0]
+    monkeypatch.setattr(phases.time, "monotonic", lambda: now[0])
+    book = phases.Account()
+    with book.phase("build"):
+        now[0] += 10  # one build alone: 10 s
+        with book.phase("build"):
+            now[0] += 5  # two builds: 5 s, 10 build-s
+            with book.phase("judge"):
+                now[0] += 4  # two builds and a lane: 4 s
+        now[0] += 1  # one build again
+    now[0] += 2  # nothing
+    summary = book.summary()
+    assert summary["wall_s"] == 22 and summary["idle_s"] == 2
+    assert summary["running_s"] == {"build": 20, "reference": 0, "judge": 4}
+    assert summary["alone_s"] == {"build": 16, "reference": 0, "judge": 0}
+    assert summary["worker_s"] == {"build": 29, "reference": 0, "judge": 4} and summary["bound"] == "build"
+    assert phases.line(summary) == "time 22 s: build 20 s, references 0 s, judge 4 s, idle 2 s (build-bound)"
+    phases.record(tmp_path, summary)
+    phases.record(tmp_path, summary)  # a resumed run adds its session
+    assert phases.read(tmp_path) == [summary, summary]

@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -242,13 +243,18 @@ class _FakeRef:
 
     events: list[tuple[str, str]] = []
     sizes: dict[str, int] = {}
+    tight: set[str] = set()  # problems whose memory plan does not fit while other references are open
 
     def __init__(self, problem: Problem, *args: object) -> None:
         self.problem, self.broken, self.error, self.warning, self.baseline_key = problem, False, None, None, None
         self.parked, self.memory_bytes = False, 1000
+        self.residency = None
 
     def open(self) -> _FakeRef:
         self.events.append(("open", self.problem.problem_id))
+        opened = sum(e[0] == "open" for e in self.events) - sum(e[0] == "close" for e in self.events)
+        if self.problem.problem_id in self.tight:
+            self.residency = SimpleNamespace(fits=opened == 1)  # fits only with the device to itself
         return self
 
     def close(self) -> None:
@@ -266,6 +272,7 @@ def fake_lane_refs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> EvalLane:
     monkeypatch.setattr(lanes, "ReferenceSide", _FakeRef)
     monkeypatch.setattr(_FakeRef, "events", [])
     monkeypatch.setattr(_FakeRef, "sizes", {})
+    monkeypatch.setattr(_FakeRef, "tight", set())
     monkeypatch.setenv("KBEVAL_CACHE_DIR", str(tmp_path / "cache"))
     config = LaneConfig(RunSettings(device="cpu"), tmp_path / "baselines.json", 10.0, 10.0)
     return EvalLane(LaneSpec("cpu:0"), config)
@@ -305,6 +312,21 @@ def test_references_kept_open_fit_the_memory_share(fake_lane_refs, tmp_path):
     _FakeRef.sizes["p0"] = int(budget * 5)
     lane.prepare(p0, tmp_path / "ref.log")
     assert lane.holds() == ["p0"]  # the one in use always stays open, whatever its size
+
+
+def test_a_reference_whose_memory_plan_does_not_fit_beside_the_others_gets_the_device_to_itself(fake_lane_refs,
+                                                                                                tmp_path):
+    """Issue 34: references kept open hold device memory a large problem needs (on an H200, a parked 23_Softmax held
+    18 GB while 36_RMSNorm ran out): when a new one's plan does not fit, the others are closed and it opens again."""
+    lane, (p0, p1, big) = fake_lane_refs, _problems(tmp_path, 3)
+    _FakeRef.tight.add(big.problem_id)
+    lane.prepare(p0, tmp_path / "ref.log")
+    lane.prepare(p1, tmp_path / "ref.log")
+    lane.prepare(big, tmp_path / "ref.log")
+    assert _FakeRef.events[2:] == [("open", "p2"), ("close", "p2"), ("close", "p0"), ("close", "p1"),
+                                   ("open", "p2")]  # the first attempt and the two kept open closed, then again
+    assert ("close", "p0") in _FakeRef.events and ("close", "p1") in _FakeRef.events
+    assert _FakeRef.events.count(("open", "p2")) == 2 and lane.holds() == ["p2"]
 
 
 def test_a_lanes_process_does_its_bookkeeping_on_one_torch_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

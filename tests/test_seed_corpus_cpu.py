@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import ROOT, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled
+
+pytestmark = pytest.mark.slow  # the whole seed corpus built and judged on the CPU: minutes
 
 CPU_DIMS = ("--dim", "batch_size=2", "--dim", "height=32", "--dim", "width=32", "--dim", "input_size=256",
             "--dim", "hidden_size=512", "--dim", "num_groups=32")

@@ -15,16 +15,20 @@ from kernelbench_eval.judge.check import degenerate_outputs
 from kernelbench_eval.judge.measure import TimedModel, block_calls
 from kernelbench_eval.judge.plausibility import assess, speedup_reason
 from kernelbench_eval.judge.stats import (
+    PRIOR_DF,
+    PRIOR_SD,
     Samples,
     between_sessions,
     chained_speedup_ci,
     fast_p,
     per_call_ms,
+    pooled,
     ratio_ci,
     rse_of_median,
     rse_per_call,
     speedup_ci,
     t975,
+    unresolved,
     widened,
     window_means,
 )
@@ -58,9 +62,11 @@ def test_time_per_call_outvotes_a_slow_window_and_spreads_the_rest():
     calls = [1.0] * 100
     calls[37] = 500.0  # one preempted call: its window is outvoted by the nine others
     assert per_call_ms(calls) == 1.0
-    assert window_means(list(range(25))) == [5.5, 18.0]  # 25 calls: two windows, of 12 and 13 calls
+    assert window_means(list(range(64))) == [5.0, 15.5, 26.0, 37.0, 47.5, 58.0]  # 64 calls: six windows
+    # 25 calls: five windows of five, not two of 12 and 13 (an interval from two windows is no interval)
+    assert window_means(list(range(25))) == [2.0, 7.0, 12.0, 17.0, 22.0]
     assert window_means([]) == [] and per_call_ms([2.0]) == 2.0
-    assert rse_per_call([1.0] * 9) == float("inf")  # one window: no spread to judge by, so timing goes on
+    assert rse_per_call([1.0]) == float("inf")  # one call: no spread to judge by, so timing goes on
     assert rse_per_call(noisy(1.0, 0.05, 1000, 7)) < 0.01
 
 
@@ -161,6 +167,24 @@ def test_plausibility_physical_floor_and_speedup_limit():
     assert speedup_reason(12.0, 10.0) and not speedup_reason(9.0, 10.0) and not speedup_reason(50.0, 0.0)
 
 
+def test_a_few_forged_slow_calls_buy_nothing():
+    """Issue 36 class 1: a timer reporting 0.1 ms for calls that took 1 ms, plus one forged 3 s call in each of two
+    blocks of ten (so the mean reported time matches the wall clock and a median of windows ignores the two): the
+    forged blocks report more than the harness saw, and the slack no longer follows the inflated mean."""
+    ref = timed([1.0] * 100, wall_per_call=1.05)
+    reported = [0.1] * 100
+    reported[5], reported[55] = 3000.0, 3000.0
+    cand = timed(reported, wall_per_call=1.05)
+    blocks = [reported[i:i + 10] for i in range(0, 100, 10)]
+    cand.block_gaps = Samples([1.05 - statistics.fmean(b) for b in blocks])  # per block, as `measure` keeps them
+    verdict = assess(ref, cand, "cuda", None)
+    assert not verdict.speedup_trusted
+    assert any("reported more time than its calls took" in r for r in verdict.reasons)
+    assert any("clock mismatch" in r for r in verdict.reasons)  # the other blocks: 0.95 ms a call unexplained
+    honest = timed([0.5] * 100, wall_per_call=0.56)
+    assert assess(ref, honest, "cuda", None).reasons == []
+
+
 def test_degenerate_problem_is_flagged_with_its_statistics():
     assert "zeros would pass" in degenerate_outputs([torch.full((64,), 1e-4)], 1e-2, 1e-2)
     constant = degenerate_outputs([torch.full((64,), 3.0) + 1e-3 * torch.rand(64)], 1e-2, 1e-2)
@@ -247,12 +271,16 @@ def test_widened_adds_the_between_session_term_in_quadrature_on_the_log_scale():
     interval cover the other's speedup; no term, no change."""
     within = (1.2451, 1.2453)
     assert widened(within, 1.2452, None) == within
-    low, high = widened(within, 1.2452, between_sessions([6.4914, 6.4896, 6.4888]))
-    extra = t975(2) * math.sqrt(2) * between_sessions([6.4914, 6.4896, 6.4888])[0]
+    between = between_sessions([6.4914, 6.4896, 6.4888])
+    low, high = widened(within, 1.2452, between)
+    sigma, df = pooled(between)  # the sessions' sd, pooled with the prior (PRIOR_SD worth PRIOR_DF sessions)
+    assert df == 2 + PRIOR_DF and sigma == pytest.approx(math.sqrt((2 * between[0] ** 2 + PRIOR_DF * PRIOR_SD ** 2)
+                                                                   / (2 + PRIOR_DF)))
+    extra = t975(df) * math.sqrt(2) * sigma
     assert high == pytest.approx(1.2452 * math.exp(math.hypot(math.log(1.2453 / 1.2452), extra)))
     assert low < 1.2448 and high > 1.2456  # the other copy's 1.2448 (0.03 % lower) is inside
     wide = (1.0, 1.5)  # a term much smaller than the session's own interval barely moves it
-    assert widened(wide, 1.2, (1e-4, 10)) == pytest.approx(wide, rel=1e-4)
+    assert widened(wide, 1.2, (1e-4, 10)) == pytest.approx(wide, rel=1e-3)  # (the prior: 0.5 % sd)
 
 
 def test_warm_ups_never_repeat_an_input():
@@ -263,7 +291,7 @@ def test_warm_ups_never_repeat_an_input():
     seen: list[torch.Tensor] = []
     rotation = Rotation([[torch.ones(16)], [torch.full((16,), 2.0)]])
     for _ in range(2):
-        assert warm_up(lambda x: seen.append(x.clone()), rotation, 4, 60.0, "cpu") == 4
+        assert len(warm_up(lambda x: seen.append(x.clone()), rotation, 4, 60.0, "cpu")) == 3  # after the first
     assert not any(torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])
 
 
@@ -278,3 +306,42 @@ def test_a_rerun_interval_is_the_confidence_interval_sqrt2_wider_on_the_log_scal
     assert math.log(1.0 / low) == pytest.approx(math.sqrt(2) * math.log(1 / 0.9))
     assert math.log(high) == pytest.approx(math.sqrt(2) * math.log(1.2))
     assert rerun_interval((0.0, 1.2), 1.0) == (0.0, 1.2)
+
+
+def test_one_or_two_sessions_no_longer_explode_the_interval():
+    """Issue 35: with the reference's time in two sessions 0.04 % and 5.8 % apart, Student's t at one degree of
+    freedom (12.7) made intervals like [0.35, 2.8] from a session's [0.974, 1.016]; pooled with the prior, a
+    small spread barely widens it and a large one widens it honestly, never by orders of magnitude."""
+    within = (0.974, 1.016)
+    close = widened(within, 0.995, between_sessions([0.3450, 0.3452]))
+    apart = widened(within, 0.995, between_sessions([0.3456, 0.3255]))
+    assert 0.95 < close[0] < within[0] and within[1] < close[1] < 1.05
+    assert 0.85 < apart[0] < close[0] and close[1] < apart[1] < 1.2
+    assert pooled((0.0, 0)) == (PRIOR_SD, PRIOR_DF)
+
+
+def test_an_interval_that_cannot_resolve_ten_percent_says_why():
+    assert unresolved((0.98, 1.02), None) is None
+    assert unresolved(None, None) == "no interval: too few timed calls"
+    note = unresolved((0.5, 2.0), (0.3, 1))
+    assert note is not None and "cannot resolve 10% differences" in note and "moved between sessions" in note
+    assert "vary too much within the session" in unresolved((0.5, 2.0), None)
+
+
+def test_the_launch_cover_follows_the_slower_models_host_time():
+    """Issue 35: one cover for both models, COVER_MARGIN times the slower one's recent host time per call (its
+    warm-up's before the first block) plus the start event's launch, capped; the flush is written as many times as
+    that takes at the card's bandwidth, at least once."""
+    from kernelbench_eval.judge import flush, measure
+
+    ref, cand = TimedModel(worker=None), TimedModel(worker=None)  # type: ignore[arg-type]
+    ref.warm_launch_ms, cand.warm_launch_ms = Samples([0.05, 0.06]), Samples([0.4, 0.3])
+    assert measure.cover_s([ref, cand]) == pytest.approx(measure.COVER_MARGIN * 0.4e-3 + measure.COVER_EXTRA_S)
+    cand.launch_ms = Samples([0.1] * 30)  # its recent calls now decide, not its warm-up
+    assert measure.cover_s([ref, cand]) == pytest.approx(measure.COVER_MARGIN * 0.1e-3 + measure.COVER_EXTRA_S)
+    cand.launch_ms = Samples([500.0])  # a host that syncs inside its call: capped
+    assert measure.cover_s([ref, cand]) == measure.MAX_COVER_S
+    buffer = torch.empty(300_000_000, dtype=torch.uint8, device="meta")  # 0.1 ms at 3000 GB/s
+    assert flush.repeats_for(buffer, flush.FLUSH_COVER_S) == 1  # the flush alone covers it
+    assert flush.repeats_for(buffer, flush.FLUSH_COVER_S + 0.25e-3, bandwidth_gbs=3000.0) == 1 + 3
+    assert flush.repeats_for(buffer, 1.0, bandwidth_gbs=3000.0) == flush.MAX_REPEATS

@@ -27,6 +27,8 @@ import pytest
 from conftest import FIXTURES, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled
 
+pytestmark = pytest.mark.slow  # a run over every attack fixture, C++ extensions built
+
 ATTACK_PROBLEMS = FIXTURES / "attack_problems"
 ATTACKS = FIXTURES / "attacks"
 ORPHAN_MARKER = "kbeval-orphan-marker"

@@ -181,16 +181,19 @@ def test_declared_devices():
 
 
 def test_discover_pairs_candidates_and_reports_problems(tmp_path):
-    (tmp_path / "problems" / "level1").mkdir(parents=True)
-    (tmp_path / "problems" / "level2").mkdir(parents=True)
-    (tmp_path / "problems" / "level1" / "p1.py").write_text("# p1")
-    (tmp_path / "problems" / "level2" / "p1.py").write_text("# duplicate id")
-    (tmp_path / "candidates" / "p1").mkdir(parents=True)
-    (tmp_path / "candidates" / "p1" / "a.py").write_text("class ModelNew: pass\n")
-    (tmp_path / "candidates" / "p1" / "bad.py").write_bytes(b"\xff\xfe")
+    """In a KernelBench tree (two or more level folders at the top) ids are qualified by level; a stem seen twice
+    outside them is still one problem, the second ignored with a warning."""
+    for folder, text in (("level1", "# p1"), ("level2", "# another p1"), ("other", "# p1 once more"),
+                         ("zz", "# a duplicate id")):
+        (tmp_path / "problems" / folder).mkdir(parents=True)
+        (tmp_path / "problems" / folder / "p1.py").write_text(text)
+    (tmp_path / "candidates" / "level1" / "p1").mkdir(parents=True)
+    (tmp_path / "candidates" / "level1" / "p1" / "a.py").write_text("class ModelNew: pass\n")
+    (tmp_path / "candidates" / "level1" / "p1" / "bad.py").write_bytes(b"\xff\xfe")
     (tmp_path / "candidates" / "orphan").mkdir()
     found = discover(tmp_path / "problems", tmp_path / "candidates")
-    assert list(found.problems) == ["p1"] and found.problems["p1"].path.parent.name == "level1"
+    assert list(found.problems) == ["level1/p1", "level2/p1", "p1"]
+    assert found.problems["p1"].path.parent.name == "other"
     assert [c.candidate_id for c in found.candidates] == ["a", "bad"]
     assert found.candidates[0].invalid is None and "not UTF-8" in found.candidates[1].invalid
     assert any("already defined" in w for w in found.warnings)

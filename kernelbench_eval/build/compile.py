@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from kernelbench_eval import interrupts
 from kernelbench_eval.build import nvcc, pch
 from kernelbench_eval.build.relocate import rewrite_triton
 from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
@@ -107,13 +108,14 @@ def compile_candidate(candidate: Candidate, device: str, cache_dir: Path, log_pa
     An exclusive lock per build directory makes identical sources (in this run or in another run sharing
     the cache) build once: the second waits, then finds the record.
     """
+    names = warm  # the problem and sizes whose module-level names the candidate's import sees (KernelBench's)
     warm = warmup_for(candidate, warm)
     build = build_dir(cache_dir, candidate, device, warm)
     spec = _Warm(warm, device) if warm is not None and warm_here else None
     for attempt in range(2):  # a file error (something planted in the cache) gets one clean retry
         try:
             with build_lock(build, verify=False):
-                return _compile_locked(candidate, build, log_path, timeout, device, spec)
+                return _compile_locked(candidate, build, log_path, timeout, device, spec, names)
         except OSError as exc:
             error = f"build folder unusable: {exc}"
             if attempt == 0 and not isinstance(exc, locks.LockError):
@@ -188,7 +190,7 @@ class _Warm(NamedTuple):
 
 
 def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
-                    warm: _Warm | None) -> Compiled:
+                    warm: _Warm | None, names: WarmupSpec | None = None) -> Compiled:
     key = keys.load_key(build.parent.parent)
     record = _verified(build, key)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +201,8 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
         return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
     paths.clear(build)  # whatever is there was not built (or no longer is as built) by the harness
     build.mkdir(parents=True, exist_ok=True)
-    record = _import_once(candidate, build, log_path, timeout, device, warm)
+    record = _import_once(candidate, build, log_path, timeout, device, warm, names)
+    interrupts.check()  # a build cut short by a stop is no build: nothing of it is recorded
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
@@ -228,6 +231,7 @@ def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: flo
     """Warm a verified, unwarmed build (in a worker that imports it again, then calls it); record and sign it."""
     shutil.rmtree(build / "triton", ignore_errors=True)  # whatever is there is no warm-up of ours
     record = _import_once(candidate, build, log_path, timeout, warm.device, warm)
+    interrupts.check()
     record = record.model_copy(update={"seconds": built.seconds + record.seconds})  # all of it is build work
     if not record.timed_out:
         log = (build / "compile.log").read_text(errors="replace") if (build / "compile.log").exists() else ""
@@ -238,7 +242,7 @@ def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: flo
 
 
 def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
-                 warm: _Warm | None) -> CompileRecord:
+                 warm: _Warm | None, names: WarmupSpec | None = None) -> CompileRecord:
     """One build worker: import the candidate (building its extensions), then, with `warm`, its warm-up call.
 
     `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
@@ -253,7 +257,10 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
         env = extension_env(build) | gpu | pch.env(build.parent.parent, device)  # the header, once it is made
         worker = WorkerProcess(Path(workdir), log_path, env, sandbox=confined)
-        req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew")
+        names = names or (warm.spec if warm else None)  # the candidate's module starts with the problem's names
+        req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew",
+                            problem=str(names.problem.resolve()) if names else None,
+                            dims=dict(names.dims) if names else {})
         stage = "compile"
         try:
             with worker:

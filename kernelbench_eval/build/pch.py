@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from kernelbench_eval import interrupts
 from kernelbench_eval.containment import SandboxRecord
 from kernelbench_eval.isolation import cores, landlock, sandbox
 from kernelbench_eval.isolation.workerenv import PACKAGE_ROOT, worker_env
@@ -98,6 +100,8 @@ class _Header:
             self.folder = prepare(self.cache_dir, self.with_cuda, self.make)
         except Exception as exc:  # noqa: BLE001  (no header: builds go on as they would without one)
             self.error = f"{type(exc).__name__}: {exc}"[:300]
+        except interrupts.Interrupted:  # the run is ending: no header, and nothing of it recorded
+            self.error = "interrupted"
         finally:
             self.done.set()
 
@@ -237,10 +241,21 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> str:
     builds = cores.parse(os.environ.get(cores.ENV, ""))
     if builds:
         os.sched_setaffinity(threading.get_native_id(), builds)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    interrupts.check()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # its own group: an interrupt kills the whole compiler
+        handle = interrupts.track(lambda: os.killpg(proc.pid, signal.SIGKILL))
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            interrupts.untrack(handle)
+    interrupts.check()
     if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd[:3])} ... exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-    return proc.stdout
+        raise RuntimeError(f"{shlex.join(cmd[:3])} ... exited {proc.returncode}: {stderr.strip()[-300:]}")
+    return stdout
 
 
 def _ninja_var(text: str, name: str) -> str:

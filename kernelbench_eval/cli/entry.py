@@ -11,25 +11,33 @@ private temp folder go there), the process leaves with `os._exit`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
+
+from kernelbench_eval import interrupts
 
 WORKER_COMMANDS = frozenset({"run", "eval", "problems", "profile", "selftest"})  # commands that start workers
 
 
 def main() -> None:
-    if _starts_workers_here(sys.argv[1:]):
-        from kernelbench_eval.isolation.workerenv import prestart  # light: no torch
-
-        prestart()
-    from kernelbench_eval.cli.app import app
-
+    code: object = 0
     try:
-        app(prog_name="kbeval")
-        code: object = 0
+        with interrupts.handled():  # first: a Ctrl-C while torch imports is one line too, never a traceback
+            if _starts_workers_here(sys.argv[1:]):
+                from kernelbench_eval.isolation.workerenv import prestart  # light: no torch
+
+                prestart()
+            from kernelbench_eval.cli.app import app
+
+            app(prog_name="kbeval")
     except SystemExit as exc:
         code = exc.code
+    except interrupts.Interrupted as exc:  # every process it started is killed; nothing unfinished recorded
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(f"\nkbeval: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
     leave(code)
 
 

@@ -26,6 +26,7 @@ def problems_cmd(
     timeout: opt.TimeoutOpt = 120.0,
 ) -> None:
     """List the problems with their input shapes (each problem is imported in its own process)."""
+    opt.check_values({"timeout": timeout})
     warnings: list[str] = []
     try:
         found = find_problems(problems, warnings)
@@ -45,7 +46,9 @@ def problems_cmd(
     console.print(table)
 
 
-@judging_options(only=("device", "precision", "dim", "threads", "timeout", "cache_dir"))
+@judging_options(only=("device", "precision", "dim", "smoke", "threads", "timeout", "cache_dir"),
+                 replace={"smoke": (Annotated[bool, typer.Option(
+                     "--smoke", help="profile at the problem's KBEVAL_SMOKE_DIMS sizes (--dim wins)")], False)})
 def profile_cmd(
     problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
                                                  dir_okay=False)],

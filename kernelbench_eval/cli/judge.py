@@ -20,12 +20,15 @@ from kernelbench_eval.cli.options import JudgeOptions, judging_options
 from kernelbench_eval.cli.output import console, err, usage_error, warn
 from kernelbench_eval.cli.progress import RunProgress
 from kernelbench_eval.discover.corpus import Discovery, Problem, make_candidate, sha256_file
+from kernelbench_eval.interrupts import Interrupted
 from kernelbench_eval.isolation import gpus as gpu_list
+from kernelbench_eval.results import phases
 from kernelbench_eval.results.display import print_log_tail, print_verdict_detail, status_counts, verdict_table
+from kernelbench_eval.results.record import check_manifest
 from kernelbench_eval.results.report import fast_p_text, write_default_reports
 from kernelbench_eval.run.pipeline import run
 from kernelbench_eval.run.plan import plan_run
-from kernelbench_eval.run.setup import RunOptions, RunResult
+from kernelbench_eval.run.setup import RunOptions, RunResult, read_manifest
 
 
 @judging_options()
@@ -52,6 +55,8 @@ def run_cmd(
     """Judge every candidate under CANDIDATES against its problem; verdicts go to OUT/<run-id>/."""
     try:
         found, settings, plan = plan_run(resume, problems, candidates, problem, judging.settings, warn)
+        if resume:  # before any progress is drawn: a run this cache did not seal is one line, nothing else
+            check_manifest(judging.cache(), resume, read_manifest(resume))
     except (FileNotFoundError, ValueError) as exc:
         raise usage_error(exc) from exc
     if resume and (ignored := judging.typed_settings()):
@@ -66,6 +71,10 @@ def run_cmd(
         with RunProgress(err, plan) as progress:
             opts.observe = progress.observe
             result = run(opts, progress.verdict, found)
+    except Interrupted as exc:
+        if exc.run_dir is not None:
+            exc.hint = f"finish with: kbeval run --resume {exc.run_dir}"
+        raise
     except ImportError as exc:
         err.print(f"[red]error:[/] --backend {backend} needs its extra: pip install 'kernelbench-eval[{backend}]' "
                   f"({escape(str(exc))})", highlight=False, soft_wrap=True)
@@ -84,7 +93,9 @@ def _print_result(result: RunResult) -> None:
     console.print(verdict_table(result.verdicts, title=f"run {result.run_dir.name}", width=console.width))
     console.print(f"{len(result.verdicts)} verdicts ({status_counts(result.verdicts)})"
                   + (f", {result.reused} reused from before" if result.reused else ""))
-    console.print(fast_p_text(result.verdicts), markup=False, highlight=False)
+    console.print(fast_p_text(result.verdicts, width=console.width), markup=False, highlight=False)
+    if result.phases:  # where this session's wall time went: the floor that binds a large run
+        console.print(phases.line(result.phases), markup=False, highlight=False)
     console.print(f"verdicts: {result.run_dir / 'verdicts.jsonl'}", soft_wrap=True)
     for path in write_default_reports(result.run_dir):
         console.print(f"report: {path}", soft_wrap=True)

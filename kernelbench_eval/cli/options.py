@@ -9,6 +9,10 @@ Help texts stay plain (the app renders help without rich markup, so `[ray]` surv
 80 columns). Timing options default to None: `plan.build_settings` fills them from `plan.DEFAULTS`, or from
 `plan.SMOKE` under `--smoke`, so an option typed explicitly always wins. Every other default is read from
 where it takes effect (`RunSettings`, `RunOptions`), never written again here.
+
+Every value is checked by `check_values` and `check_folders` before the command's body runs (the decorator
+calls them), so a nonsense number or an unwritable folder costs one line and exit 2, not a crash minutes
+later or a traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
+import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from typing import Annotated, Any, ClassVar
 
 import typer
 
+from kernelbench_eval.cli.output import usage_error
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.run.plan import build_settings, precision_settings
@@ -82,6 +89,9 @@ CacheOpt = Annotated[Path | None, typer.Option(
 LaunchesOpt = Annotated[bool, typer.Option(
     "--account-launches", help="profile one more forward of each correct candidate: its own kernels against "
                                "library ones (verdict field `kernels`; a few seconds each on a GPU)")]
+ReducedOpt = Annotated[bool, typer.Option(
+    "--allow-reduced-precision", help="accept a candidate far less precise than the reference against the float64 "
+                                      "truth (bf16/fp16/TF32 in an fp32 run); else it is suspicious")]
 
 
 def _setting(name: str) -> Any:
@@ -112,6 +122,7 @@ class JudgeOptions:
     precision: PrecisionOpt = _setting("precision")
     tolerance: ToleranceOpt = "default"
     account_launches: LaunchesOpt = _setting("account_launches")
+    allow_reduced_precision: ReducedOpt = _setting("allow_reduced_precision")
     reps: RepsOpt = None
     warmup: WarmupOpt = None
     warmup_seconds: WarmupSecondsOpt = None
@@ -136,6 +147,7 @@ class JudgeOptions:
                               **precision_settings(self.precision, self.tolerance, self.atol, self.rtol),
                               target_rse=self.target_rse, cuda_graph=self.cuda_graph, max_speedup=self.max_speedup,
                               account_launches=self.account_launches,
+                              allow_reduced_precision=self.allow_reduced_precision,
                               **{name: getattr(self, name) for name in self.TIMING})
 
     def typed_settings(self) -> list[str]:
@@ -151,6 +163,76 @@ class JudgeOptions:
         """The `RunOptions` fields these options set besides the settings."""
         return {"timeout": self.timeout, "compile_timeout": self.compile_timeout, "cache_dir": self.cache(),
                 "baselines": self.baselines}
+
+
+# The lowest value each numeric option takes, and whether that value itself is allowed: `--timeout 0` would
+# kill every candidate at once, `--jobs 0` would compile nothing. Keyed by parameter name, so one table serves
+# every command (`run`'s --jobs and --lanes, `profile`'s own --warmup, `problems`' --timeout).
+LOWEST: dict[str, tuple[float, bool]] = {
+    "timeout": (0, False), "compile_timeout": (0, False), "timing_budget": (0, False), "target_rse": (0, False),
+    "jobs": (1, True), "trials": (1, True), "reps": (1, True), "max_reps": (1, True), "lanes": (1, True),
+    "threads": (1, True), "warmup": (0, True), "warmup_seconds": (0, True), "max_speedup": (0, True),
+    "atol": (0, True), "rtol": (0, True), "threshold": (0, True), "min_speedup": (0, True)}
+
+
+def flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def check_values(values: dict[str, Any]) -> None:
+    """Refuse (one line, exit 2) a number out of its range; None means not typed. NaN is refused too."""
+    for name, (lowest, inclusive) in LOWEST.items():
+        value = values.get(name)
+        if value is None or isinstance(value, bool):
+            continue
+        if math.isnan(value) or value < lowest or (value == lowest and not inclusive):
+            raise usage_error(f"{flag(name)}: must be {'at least' if inclusive else 'more than'} {lowest:g} "
+                              f"(got {value:g})")
+    reps, max_reps = values.get("reps"), values.get("max_reps")
+    if reps is not None and max_reps is not None and max_reps < reps:
+        raise usage_error(f"--max-reps: must be at least --reps ({max_reps} < {reps})")
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why files cannot be written in folder `path` (made when missing), or None when they can.
+
+    Walks up to the first part that exists: a file there means the folder can never be made; a folder the
+    user cannot write (or a read-only filesystem: `os.access` says so for root too) means nothing goes in.
+    """
+    probe = path.absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return "is a file, not a folder" if probe == path.absolute() else f"cannot be made: {probe} is a file"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "is not writable" if probe == path.absolute() else f"cannot be made: {probe} is not writable"
+    return None
+
+
+def check_folder(option: str, path: Path) -> None:
+    if why := folder_problem(path):
+        raise usage_error(f"{option}: {path} {why}")
+
+
+def check_file(option: str, path: Path) -> None:
+    """A file the command writes: not a folder, and its folder writable."""
+    if path.is_dir():
+        raise usage_error(f"{option}: {path} is a folder, not a file")
+    if why := folder_problem(path.parent):
+        raise usage_error(f"{option}: {path}: its folder {path.parent} {why}")
+
+
+def check_folders(values: dict[str, Any], judging: JudgeOptions) -> None:
+    """The folders and files a judging command writes, checked before anything is made or started."""
+    if values.get("resume") is not None:
+        if values["resume"].is_dir():  # a missing one is `plan_run`'s error; `--out` is not used then
+            check_folder("--resume", values["resume"])
+    elif values.get("out") is not None:
+        check_folder("--out", values["out"])
+    check_folder("--cache-dir" if judging.cache_dir else "--cache-dir (default; $KBEVAL_CACHE_DIR sets it)",
+                 judging.cache())
+    if judging.baselines is not None:
+        check_file("--baselines", judging.baselines)
 
 
 Command = Callable[..., None]
@@ -186,7 +268,9 @@ def judging_options(only: tuple[str, ...] | None = None,
 
         @functools.wraps(command)
         def with_options(**kwargs: Any) -> None:
+            check_values(kwargs)
             shared = JudgeOptions(**{name: kwargs.pop(name) for name in names})
+            check_folders(kwargs, shared)
             return command(**kwargs, **{slot: shared})
 
         with_options.__signature__ = signature.replace(parameters=declared)  # type: ignore[attr-defined]

@@ -36,5 +36,5 @@ def usage_error(message: object) -> typer.Exit:
 def load_run_or_exit(run_dir: Path) -> list[Verdict]:
     try:
         return load_run(run_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        raise usage_error(exc) from exc
+    except (OSError, ValueError) as exc:  # missing, unreadable, or a folder where verdicts.jsonl should be
+        raise usage_error(exc if isinstance(exc, (FileNotFoundError, ValueError)) else f"{run_dir}: {exc}") from exc

@@ -9,37 +9,30 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-MAX_SOURCE_BYTES = 2 * 1024 * 1024
-_CUDA_HINTS = re.compile(r"cuda_sources\s*=|__global__|\.cu['\"]")
-# Triton kernels run only on a GPU, and compile at their first call: `import triton`, `from triton ...` or a
-# `@triton.jit`/`@triton.autotune` kernel means CUDA (here) and a build-stage warm-up (`warmup.needs_warmup`).
-TRITON_HINTS = re.compile(r"^\s*(import\s+triton|from\s+triton\b)|@triton\.(jit|autotune)", re.MULTILINE)
+from kernelbench_eval.discover import names
+from kernelbench_eval.discover.layouts import find_candidates
+from kernelbench_eval.discover.sources import (
+    MAX_SOURCE_BYTES,
+    TRITON_HINTS,
+    Candidate,
+    Problem,
+    declared_devices,
+    make_candidate,
+    sha256_file,
+    source_problem,
+)
 
-
-@dataclass(frozen=True)
-class Problem:
-    problem_id: str
-    path: Path
-    source_sha256: str
-    source: bytes | None = field(default=None, compare=False, repr=False)  # the bytes hashed at discovery
+__all__ = ["MAX_SOURCE_BYTES", "TRITON_HINTS", "Candidate", "Discovery", "Problem", "ProblemChanged", "check_dims",
+           "check_problem_ids", "declared_devices", "discover", "find_problems", "make_candidate",
+           "merged_smoke_dims", "module_names", "pinned", "private_copy", "sha256_file", "smoke_dims",
+           "source_problem"]
 
 
 class ProblemChanged(ValueError):
     """A problem's bytes are not those hashed at discovery."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    problem_id: str
-    candidate_id: str
-    path: Path
-    source_sha256: str
-    devices: tuple[str, ...] | None = None  # None: any device the source can run on
-    invalid: str | None = field(default=None, compare=False)  # why it cannot be loaded at all
 
 
 @dataclass
@@ -49,43 +42,42 @@ class Discovery:
     warnings: list[str]
 
 
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def discover(problems_dir: Path, candidates_dir: Path, only: list[str] | None = None) -> Discovery:
-    """Pair every `candidates/<problem_id>/<candidate_id>.py` with `problems/**/<problem_id>.py`."""
+    """Every problem under `problems_dir`, and every candidate under `candidates_dir` in any layout `layouts`
+    reads (kbeval's `candidates/<problem_id>/<file>`, KernelBench's generation folders)."""
     warnings: list[str] = []
     problems = find_problems(problems_dir, warnings)
-    candidates: list[Candidate] = []
     if not candidates_dir.is_dir():
         raise FileNotFoundError(f"{candidates_dir}: candidates folder not found")
-    for folder in sorted(p for p in candidates_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if only and folder.name not in only:
-            continue
-        problem = problems.get(folder.name)
-        if problem is None:
-            warnings.append(f"{folder}: no problem named {folder.name!r} under {problems_dir}; folder skipped")
-            continue
-        for path in sorted(folder.glob("*.py")):
-            candidates.append(make_candidate(problem, path))
+    candidates = find_candidates(problems, problems_dir, candidates_dir, only, warnings)
     return Discovery(problems=problems, candidates=candidates, warnings=warnings)
 
 
 def find_problems(problems_dir: Path, warnings: list[str]) -> dict[str, Problem]:
+    """`problems/**/<stem>.py`, each known by its stem; in a KernelBench tree (two or more `levelN` folders at the
+    top, where numbers repeat across levels) a problem inside one is `levelN/<stem>` (`level1/19_ReLU`)."""
     if not problems_dir.is_dir():
         raise FileNotFoundError(f"{problems_dir}: problems folder not found")
+    paths = [p for p in sorted(problems_dir.rglob("*.py")) if not p.name.startswith(("_", "."))
+             and not any(part.startswith(".") for part in p.relative_to(problems_dir).parts)]
+    tops = {p.relative_to(problems_dir).parts[0] for p in paths if len(p.relative_to(problems_dir).parts) > 1}
+    qualified = sum(names.level_of(top) is not None for top in tops) >= 2
     problems: dict[str, Problem] = {}
-    for path in sorted(problems_dir.rglob("*.py")):
-        if path.name.startswith(("_", ".")):
-            continue
-        pid = path.stem
+    for path in paths:
+        rel = path.relative_to(problems_dir)
+        levels = [n for n in map(names.level_of, [problems_dir.resolve().name, *rel.parts[:-1]]) if n is not None]
+        in_level = len(rel.parts) > 1 and names.level_of(rel.parts[0]) is not None
+        pid = f"{rel.parts[0]}/{path.stem}" if qualified and in_level else path.stem
         if pid in problems:
             warnings.append(f"{path}: problem id {pid!r} already defined by {problems[pid].path}; ignored")
             continue
-        data = path.read_bytes()  # read once: the reference imports a private copy of these bytes
+        try:
+            data = path.read_bytes()  # read once: the reference imports a private copy of these bytes
+        except OSError as exc:
+            warnings.append(f"{path}: cannot be read ({exc.strerror or exc}); ignored")
+            continue
         problems[pid] = Problem(problem_id=pid, path=path, source_sha256=hashlib.sha256(data).hexdigest(),
-                                source=data)
+                                source=data, level=levels[-1] if levels else None)
     return problems
 
 
@@ -100,66 +92,25 @@ def private_copy(problem: Problem) -> Path:
 
     data = problem.source if problem.source is not None else problem.path.read_bytes()
     if hashlib.sha256(data).hexdigest() != problem.source_sha256:
-        raise ProblemChanged(f"{problem.path}: changed since it was discovered (sha256 differs)")
+        raise ProblemChanged(f"{problem.shown}: changed since it was discovered (sha256 differs)")
     folder = private.folder("problems") / problem.source_sha256[:32]
     folder.mkdir(mode=0o700, exist_ok=True)
-    copy = folder / f"{problem.problem_id}.py"
+    copy = folder / problem.path.name  # the file's own name: an id may hold a level folder (`level1/19_ReLU`)
     try:
         if copy.read_bytes() == data:
             return copy
     except OSError:
         pass
-    tmp = folder / f".{problem.problem_id}.{os.getpid()}.tmp"
+    tmp = folder / f".{problem.path.name}.{os.getpid()}.tmp"
     tmp.write_bytes(data)
     tmp.replace(copy)
     return copy
 
 
 def pinned(problem: Problem) -> Problem:
-    """The problem as the reference must see it: its path is the verified private copy."""
-    return replace(problem, path=private_copy(problem))
-
-
-def make_candidate(problem: Problem, path: Path) -> Candidate:
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    base = {"problem_id": problem.problem_id, "candidate_id": path.stem, "path": path, "source_sha256": digest}
-    error = source_problem(data) if path.suffix == ".py" else (
-        f"not a Python source ({path.suffix or 'no extension'}): a candidate is a .py file defining ModelNew")
-    if error:
-        return Candidate(**base, invalid=f"{path}: {error}")
-    return Candidate(**base, devices=declared_devices(data.decode()))
-
-
-def source_problem(data: bytes) -> str | None:
-    """Why a candidate file cannot even be handed to Python, or None when it can."""
-    if len(data) > MAX_SOURCE_BYTES:
-        return f"file is {len(data) / 1e6:.1f} MB, over the {MAX_SOURCE_BYTES // (1024 * 1024)} MiB limit"
-    if not data.strip():
-        return "file is empty (no ModelNew)"
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start})"
-    return None
-
-
-def declared_devices(source: str) -> tuple[str, ...] | None:
-    """`KBEVAL_DEVICES = [...]` at module level if declared, else ("cuda",) when the source builds CUDA or
-    uses Triton."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None  # the compile stage reports the syntax error with its line
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "KBEVAL_DEVICES" for t in node.targets
-        ):
-            try:
-                return tuple(str(d) for d in ast.literal_eval(node.value))
-            except ValueError:
-                return None
-    return ("cuda",) if _CUDA_HINTS.search(source) or TRITON_HINTS.search(source) else None
+    """The problem as the reference must see it: its path is the verified private copy; `origin` keeps the
+    user's file, the one every message names (`guard.user_paths`)."""
+    return replace(problem, path=private_copy(problem), origin=problem.shown)
 
 
 # --- sizes, read statically: `--dim` and `--smoke` are checked before anything runs -------------------

@@ -87,6 +87,11 @@ class Leaf:
         """Kill every process in the leaf, wait until it is empty, remove it; False if it did not empty."""
         return _kill(self.path)
 
+    def cpu_ms(self) -> float | None:
+        """CPU time every process that was ever in the leaf used (`cpu.stat` usage_usec: those gone included), in
+        ms; None when unreadable. What the cores rule counts: a helper process the candidate forked is in here."""
+        return cpu_stat_ms(self.path)
+
     def freeze(self, frozen: bool = True, wait_s: float = 1.0) -> bool:
         """Freeze (or thaw) every process in the leaf, those in sessions of their own included (`judge.refguard`
         holds a candidate so while the reference is timed); True once the kernel reports it so."""
@@ -101,6 +106,49 @@ class Leaf:
                 return False
             time.sleep(0.0001)
         return True
+
+
+def cpu_stat_ms(path: Path) -> float | None:
+    """`usage_usec` of a cgroup v2 folder's `cpu.stat` (kept by the cgroup core, with or without the cpu
+    controller), in ms; None when unreadable."""
+    try:
+        for line in (path / "cpu.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec":
+                return int(value) / 1000
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU time of process `pid` and its live descendants (their threads included), and of the children each of
+    them reaped (cutime, cstime), from /proc: the fallback where no cgroup holds a worker. A process that left
+    the tree (reparented after its parent died) is not counted: that is what the cgroup is for."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+            times[int(entry.name)] = sum(int(fields[k]) for k in _TIMES)
+        except (OSError, ValueError, IndexError):
+            continue
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        one = todo.pop()
+        if one in seen:
+            continue
+        seen.add(one)
+        total += times.get(one, 0)
+        todo += parents.get(one, [])
+    return total * 1000 / tick
+
+
+_TIMES = (11, 12, 13, 14)  # utime, stime, cutime, cstime: fields 14-17 of /proc/<pid>/stat, from the third on
 
 
 def _kill(path: Path) -> bool:

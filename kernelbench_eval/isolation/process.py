@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kernelbench_eval import interrupts
 from kernelbench_eval.containment import SandboxRecord, SandboxSpec
 from kernelbench_eval.isolation import forkclient, linux, sandbox
 from kernelbench_eval.isolation.cgroups import Leaf
@@ -61,6 +62,7 @@ class WorkerProcess:
         self._buffer = b""
         self._token = secrets.token_hex(16)  # marks every process this worker starts, even outside its group
         self._pump: threading.Thread | None = None
+        self._tracked: int | None = None  # its handle in `interrupts`: killed at once on a signal
 
     def __enter__(self) -> WorkerProcess:
         self.start()
@@ -70,6 +72,7 @@ class WorkerProcess:
         self.close()
 
     def start(self) -> None:
+        interrupts.check()  # nothing new starts once a stop was asked for
         read_fd, write_fd = os.pipe()
         env = self._env()
         try:
@@ -77,6 +80,7 @@ class WorkerProcess:
         finally:
             os.close(write_fd)
         self._reply_fd = read_fd
+        self._tracked = interrupts.track(self._kill_now)
         if self.sandbox is not None:  # before its first request: nothing of the candidate has run yet
             self._leaf, self._leaf_error = sandbox.join_leaf(self.sandbox, self.proc.pid)
         self._pump = threading.Thread(target=_copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
@@ -173,6 +177,7 @@ class WorkerProcess:
         if poll and b"\n" not in self._buffer:
             linux.poll_readable(self._reply_fd, min(poll, timeout))
         while b"\n" not in self._buffer:
+            self._check_interrupt()
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
@@ -182,10 +187,27 @@ class WorkerProcess:
                 continue
             chunk = os.read(self._reply_fd, 1 << 16)
             if not chunk:
+                self._check_interrupt()  # killed by the stop: no failure of the candidate's
                 raise WorkerFailure("crashed", self._exit_description())
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
+
+    def _check_interrupt(self) -> None:
+        """After a stop was asked for, a worker's silence or death is the stop's doing, never a verdict."""
+        if interrupts.requested():
+            self._kill_now()
+            interrupts.check()
+
+    def _kill_now(self) -> None:
+        """SIGKILL its cgroup leaf and its group without waiting (what a signal's handler may do; `kill` waits)."""
+        leaf, proc = self._leaf, self.proc
+        if leaf is not None:
+            with contextlib.suppress(OSError):
+                leaf.kill()
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _exit_description(self) -> str:
         assert self.proc is not None
@@ -251,6 +273,9 @@ class WorkerProcess:
             self._pump.join(timeout=5)
             if not self._pump.is_alive() and self.proc.stdout:
                 self.proc.stdout.close()
+        if self._tracked is not None:
+            interrupts.untrack(self._tracked)
+            self._tracked = None
 
 
 def _encode(req: WorkerRequest) -> bytes:

@@ -110,7 +110,8 @@ class CandidateRun:
         info = self.ref.lend(self.workdir)
         self._lent = True
         try:
-            self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
+            self.worker.call(WorkerRequest(op="attach", exchange=info, placements=self.ref.placements),
+                             self.deadline.left())
             self.exchange_kind = info.kind
         except WorkerFailure as exc:
             if info.kind != "cuda_ipc":
@@ -118,7 +119,8 @@ class CandidateRun:
             self.ref.ipc = False  # CUDA IPC refused here: shared memory from now on, for every candidate
             self.ref.ipc_refused = exc.message
             info = self.ref.lend(self.workdir)
-            self.worker.call(WorkerRequest(op="attach", exchange=info), self.deadline.left())
+            self.worker.call(WorkerRequest(op="attach", exchange=info, placements=self.ref.placements),
+                             self.deadline.left())
         self.exchange_bytes, self.block_calls = info.size, info.calls
         if info.kind == "shm" and self.ref.ipc_refused:
             self.exchange_kind = f"shm (CUDA IPC refused: {self.ref.ipc_refused[:200]})"
@@ -140,7 +142,7 @@ class CandidateRun:
     def _check_trial(self, trial: int) -> None:
         assert self.worker is not None
         name = f"trial{trial}"
-        self.ref.feed(self.worker, [name], self.deadline)
+        self.ref.feed(self.worker, [name], self.deadline, drop=True)  # one trial's set at a time (`memory`)
         slots = self.ref.timed_layout(1)[0]
         for run, sentinel in enumerate(SENTINELS):
             reply = self.worker.call(WorkerRequest(op="run", name=name, sentinel=sentinel, slots=slots),
@@ -153,6 +155,8 @@ class CandidateRun:
             check = self.ref.compare(trial, slots, reply.outputs)
             self.phases["checks"] = self.phases.get("checks", 0.0) + time.perf_counter() - started
             self.note_diffs(check.max_abs_diff, check.mean_abs_diff)
+            if check.precision is not None:  # trial 0, against the float64 truth (`precision.precision_reason`)
+                self.findings.precision_check = check.precision
             if not check.passed:
                 why = check.error
                 if run == 1:
@@ -160,6 +164,15 @@ class CandidateRun:
                            f"memory ({why})")
                 self.fail(f"trial {trial}: {why}")
                 return
+
+    def peak_bytes(self) -> int | None:
+        """The candidate's worker's peak memory, asked once its judging is done (None if it cannot answer)."""
+        if self.worker is None or self.worker.proc is None or self.worker.proc.poll() is not None:
+            return None
+        try:
+            return self.worker.call(WorkerRequest(op="export", calls=[]), min(10.0, self.deadline.left())).peak_bytes
+        except WorkerFailure:
+            return None
 
     def note_diffs(self, max_diff: float | None, mean_diff: float | None) -> None:
         if max_diff is not None:
@@ -174,7 +187,8 @@ def count_launches(run: CandidateRun) -> None:
     assert run.worker is not None
     started = time.perf_counter()
     try:  # accounting, not judging: a profiler that fails leaves the verdict as it was, with a note
-        reply = run.worker.call(WorkerRequest(op="profile", name="trial0", warmup=1), run.deadline.left())
+        name = run.ref.timing_sets()[0]  # a set it holds after the timing (trial sets are dropped by then)
+        reply = run.worker.call(WorkerRequest(op="profile", name=name, warmup=1), run.deadline.left())
         run.findings.kernels, run.findings.kernels_warning = reply.kernels, warning_for(reply.kernels)
     except WorkerFailure as exc:
         run.findings.kernels_warning = f"launch accounting failed: {exc.message}"[:300]

@@ -27,6 +27,7 @@ fit the area comes from `cudaMalloc`, as it would without the pool.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,16 @@ SEGMENT_ALIGN = 2 << 20  # the caching allocator's large-segment granularity
 POOL_SPARE = 2  # beyond a block's outputs, the pool area holds this many calls' more: intermediates land there too
 POOL_MIN_BYTES = 64 << 20
 POOL_SHARE = 0.25  # of the device's memory, at most, for the whole exchange
+# Off unless asked for: on an H200, identical copies of KernelBench convolutions (level 1 57, 79, level 2 5, 100 at
+# their current sizes) timed with every allocation of their calls in the pool area ran 1.2-1.9x slower than the
+# reference (speedups 0.52-0.81), and 0.999-1.001 with it off (docs/benchmarks.md, "In-place outputs"): memory
+# mapped from the checker's process is no place for a convolution's workspace. A run that wants the saved copies
+# for models whose calls allocate nothing but their outputs sets KBEVAL_IN_PLACE=1.
+IN_PLACE_VAR = "KBEVAL_IN_PLACE"
+
+
+def in_place_enabled() -> bool:
+    return os.environ.get(IN_PLACE_VAR) == "1"
 
 
 def pool_bytes(slots: int, call_outputs: int, memory: int | None, calls: int = 1) -> int:

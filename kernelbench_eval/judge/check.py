@@ -3,6 +3,15 @@
 This runs in the checker (the reference's worker), on the device the outputs were computed on, reading the
 candidate's outputs from the exchange buffer: nothing the candidate does in its own process can touch the
 expected values or the comparison itself.
+
+What each kind of output is held to:
+- integer and bool outputs (counts, indices, masks): equal, element for element. A float tolerance let a count
+  computed on 1/6 of the input and multiplied by 6 pass (its error is well under 1 % of a large count);
+- floating outputs: `|out - expected| <= atol + rtol |expected|` (KernelBench's rule), NaN/Inf at the same places;
+- reduction outputs (a loss, a norm), where the checker has the float64 truth: also within `truth.reduction_bound`
+  of it, which a subsample of the inputs does not meet (`truth`);
+- trial 0: each floating output's error against the float64 truth is measured beside the reference's, for the
+  precision rule (`precision.reduced_precision`).
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelbench_eval.judge import truth as against_truth
+from kernelbench_eval.judge.truth import Truth
 from kernelbench_eval.messages import TensorMeta
 
 
@@ -21,6 +32,9 @@ class TrialCheck:
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
     error: str | None = None
+    # against the float64 truth (trial 0): (output, the candidate's relative error, the reference's), for the
+    # output whose error is largest beside the reference's
+    precision: tuple[int, float, float] | None = None
 
 
 def compare_outputs(
@@ -30,23 +44,46 @@ def compare_outputs(
     got_meta: list[TensorMeta],
     atol: float,
     rtol: float,
+    truths: list[Truth | None] | None = None,
 ) -> TrialCheck:
-    """Exact structure first (count, type, device, shape, dtype), then NaN/Inf parity, then tolerance."""
+    """Exact structure first (count, type, device, shape, dtype), then NaN/Inf parity, then tolerance (exact for
+    integer and bool outputs), then, where `truths` holds one, the float64 truth (reductions, precision)."""
     if len(got_meta) != len(expected_meta) or len(got) != len(expected):
         return TrialCheck(False, error=f"returned {len(got_meta)} outputs, expected {len(expected_meta)}")
-    worst = TrialCheck(True, 0.0, 0.0)
+    worst, most = TrialCheck(True, 0.0, 0.0), -1.0
     for i, (exp, exp_meta, out, meta) in enumerate(zip(expected, expected_meta, got, got_meta, strict=True)):
         label = f"output {i}: " if len(expected) > 1 else ""
         problem = _structure_problem(exp_meta, meta, out)
         if problem:
             return TrialCheck(False, error=label + problem)
-        result = _compare_values(exp, out, atol, rtol)
+        exact = not exp.is_floating_point() and not exp.is_complex()
+        result = _compare_exact(exp, out) if exact else _compare_values(exp, out, atol, rtol)
+        known = truths[i] if truths and i < len(truths) else None
+        if result.passed and known is not None:
+            error, why = against_truth.against(out, known)
+            if why:
+                result = TrialCheck(False, result.max_abs_diff, result.mean_abs_diff, why)
+            elif error / max(known.ref_error, known.unit) > most:
+                most, worst.precision = error / max(known.ref_error, known.unit), (i, error, known.ref_error)
         if not result.passed:
             result.error = label + (result.error or "")
             return result
         worst.max_abs_diff = max(worst.max_abs_diff or 0.0, result.max_abs_diff or 0.0)
         worst.mean_abs_diff = max(worst.mean_abs_diff or 0.0, result.mean_abs_diff or 0.0)
     return worst
+
+
+def _compare_exact(exp: torch.Tensor, out: torch.Tensor) -> TrialCheck:
+    """Integer and bool outputs: every element equal (a count or an index is right or wrong)."""
+    differ = (out != exp).reshape(-1)
+    bad = int(differ.sum())
+    if not bad:
+        return TrialCheck(True, 0.0, 0.0)
+    gap = (out.long() - exp.long()).abs().reshape(-1)  # only once something differs: 8 bytes an element
+    at = int(differ.nonzero()[0, 0])
+    return TrialCheck(False, float(gap.max()), float(gap.double().mean()), error=(
+        f"{bad}/{exp.numel()} values differ ({exp.dtype} output: compared exactly), first at {_index(at, exp.shape)} "
+        f"(got {out.reshape(-1)[at].item()}, expected {exp.reshape(-1)[at].item()})"))
 
 
 def _structure_problem(exp: TensorMeta, got: TensorMeta, out: torch.Tensor | None) -> str | None:

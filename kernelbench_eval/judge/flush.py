@@ -7,6 +7,7 @@ event fires. One buffer per process, made once; each rotation of inputs writes t
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,6 +53,21 @@ def flush_for(rotation: Rotation) -> torch.Tensor:
         size = flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0, rotation.traffic())
         flush = rotation.flush = l2_flush_buffer()[:size]
     return flush
+
+
+MAX_REPEATS = 256  # a cover of more than this many flushes (several ms) is not worth its wall time
+
+
+def repeats_for(flush: torch.Tensor, cover_s: float, bandwidth_gbs: float | None = None) -> int:
+    """How many times to write `flush` before a call so that the GPU stays busy for `cover_s` (at least once):
+    a model whose host launches its kernels for longer than one flush (1_MLP's five modules, 0.16 ms on an H100;
+    LeNet5's, 0.25 ms) otherwise leaves the GPU idle between its kernels inside the timed events, and what they
+    measure is neither the device's time nor the call's (issue 35). Every write keeps every SM on the flush, as
+    the first does."""
+    if cover_s <= FLUSH_COVER_S:
+        return 1
+    one_s = flush.numel() / ((bandwidth_gbs or memory_bandwidth_gbs() or 1000.0) * 1e9)
+    return min(MAX_REPEATS, 1 + math.ceil((cover_s - FLUSH_COVER_S) / max(one_s, 1e-6)))
 
 
 def release_flush() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kernelbench_eval.build.compile import Compiled
 from kernelbench_eval.judge.candidate import CandidateRun, count_launches
+from kernelbench_eval.judge.precision import precision_reason
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
 from kernelbench_eval.judge.stats import per_call_ms
 from kernelbench_eval.judge.timed import time_candidate
@@ -23,12 +24,18 @@ __all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]
 
 def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> Findings:
     """Check every trial, then (only when all pass) time the candidate against the reference."""
+    ref.timed_error = None  # this candidate's, from its timed calls' checks
     with CandidateRun(ref, build, path, log, timeout) as run:
         if run.start() and run.check_trials():
             time_candidate(run)
             if run.findings.correct and ref.settings.account_launches:
                 count_launches(run)
         run.findings.problem_warning = ref.warning
+        run.findings.distributions = ref.distributions or None  # the trials' (`worker.draws`)
+        run.findings.distributions_note = ref.distributions_note
+        _doubt_precision(run)
+        if run.worker is not None:
+            run.findings.memory = ref.memory_record(run.peak_bytes())
         if ref.baseline:
             run.findings.baseline_conditions = ref.baseline.conditions
             run.findings.baseline_remeasured = ref.baseline_remeasured
@@ -37,3 +44,19 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
         if run.findings.timing is not None:
             run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
         return run.findings
+
+
+def _doubt_precision(run: CandidateRun) -> None:
+    """A correct candidate far less precise than the reference against the float64 truth is `suspicious`, with
+    both errors (`precision.reduced_precision`), unless the run allows it (`--allow-reduced-precision`)."""
+    found, settings = run.findings, run.ref.settings
+    check = found.precision_check
+    if check is not None:
+        check.timed_error = run.ref.timed_error
+    if not found.correct or check is None or settings.allow_reduced_precision:
+        return
+    reason = precision_reason(check.candidate_error, check.reference_error, settings.precision, check.output,
+                              check.timed_error)
+    if reason:
+        found.status = "suspicious"
+        found.error = (found.error + "; " if found.error else "suspicious: ") + reason

@@ -5,12 +5,19 @@ Why ranges: some builds' Python tracer records no C call at all (torch 2.11+cu13
 extension called from Python showed as library time; and the harness points Triton's cache into the
 candidate's build folder, so the launchers of the kernels torch.compile writes are native modules from
 outside the installed packages, which counted as the candidate's own.
+
+Why a secret in the range's name (`session_mark`): a range is a name anyone in the process can open, so a
+candidate could wrap plain PyTorch in `record_function("kbeval::extension::fused")`; the name `launches`
+believes is drawn for each profile, after the candidate's code was imported and warmed up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import re
+import secrets
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -19,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-EXTENSION_MARK = "kbeval::extension::"  # + a function's name: opened around each of its calls
+EXTENSION_MARK = "kbeval::extension::"  # + the session's secret + "::" + a function's name, around each call
+_REGISTERED_AT = re.compile(r"registered at (.+?):\d+")
 INDUCTOR_MARK = "kbeval::inductor"  # around a compiled graph's call and Inductor's Triton launches: all library
 _INDUCTOR_ENTRIES = (("torch._inductor.output_code", "CompiledFxGraph", "__call__"),
                      ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner", "run"))
@@ -62,19 +70,55 @@ def extension_functions(modules: list[ModuleType]) -> list[tuple[ModuleType, str
     return found
 
 
-def extensions_marked(modules: list[ModuleType], extensions: list[tuple[ModuleType, str, Any]]
-                      ) -> contextlib.AbstractContextManager[None]:
+def session_mark() -> str:
+    """The prefix of this profile's extension ranges: EXTENSION_MARK and a secret (a candidate cannot name it)."""
+    return f"{EXTENSION_MARK}{secrets.token_hex(8)}::"
+
+
+def extension_roots(extensions: list[tuple[ModuleType, str, Any]]) -> tuple[str, ...]:
+    """Folders the candidate's extensions were built in: each extension module's folder, and TORCH_EXTENSIONS_DIR
+    (where the harness points `load_inline`: the build's own `ext/`)."""
+    roots = {str(Path(getattr(module, "__file__", "") or "").resolve().parent) for module, _, _ in extensions}
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        roots.add(str(Path(os.environ["TORCH_EXTENSIONS_DIR"]).resolve()))
+    return tuple(sorted(r for r in roots if r not in ("", "/")))
+
+
+def registered_by(op: str, roots: tuple[str, ...]) -> bool:
+    """Whether dispatcher op `op` ("myext::fused") has a kernel registered from a source file under one of `roots`
+    (the dispatcher records the file of each `TORCH_LIBRARY_IMPL`/`m.impl`: the binary the kernel was compiled
+    into came from there). An op registered from Python (`torch.library`), or a name that is only a range, is not."""
+    import torch
+
+    try:
+        dump = torch._C._dispatch_dump(op)
+    except Exception:
+        return False
+    for line in dump.splitlines():
+        kernel, sep, where = line.partition(": registered at ")
+        if not sep or kernel.startswith(("debug", "name", "schema")):
+            continue
+        found = _REGISTERED_AT.match("registered at " + where)
+        path = str(Path(found.group(1)).resolve()) if found else ""
+        if path.endswith((".cpp", ".cc", ".cu", ".cxx", ".c")) and any(
+                path == r or path.startswith(r.rstrip("/") + "/") for r in roots):
+            return True
+    return False
+
+
+def extensions_marked(modules: list[ModuleType], extensions: list[tuple[ModuleType, str, Any]],
+                      mark: str = EXTENSION_MARK) -> contextlib.AbstractContextManager[None]:
     """Every attribute of `modules` that is one of the `extensions`' functions (in the extension, and where a
-    module bound it, like `relu = ext.relu_loop`) calls it inside a `kbeval::extension::NAME` range meanwhile."""
-    wrappers = {id(obj): _mark(obj) for _, _, obj in extensions}  # the functions stay alive: ids stay theirs
+    module bound it, like `relu = ext.relu_loop`) calls it inside a `MARK + NAME` range meanwhile."""
+    wrappers = {id(obj): _mark(obj, mark) for _, _, obj in extensions}  # the functions stay alive: ids stay theirs
     return _swapped([(module, name, wrappers[id(obj)]) for module in (modules if wrappers else [])
                      for name, obj in list(vars(module).items()) if id(obj) in wrappers])
 
 
-def _mark(function: Any) -> Any:
+def _mark(function: Any, mark: str) -> Any:
     from torch.autograd.profiler import record_function
 
-    label = EXTENSION_MARK + getattr(function, "__name__", "extension")
+    label = mark + getattr(function, "__name__", "extension")
 
     def call(*args: Any, **kwargs: Any) -> Any:
         with record_function(label):

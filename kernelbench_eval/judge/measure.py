@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from kernelbench_eval.isolation import cores, gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.judge.memory import IN_PLACE_BYTES, KEPT_BYTES
 from kernelbench_eval.judge.stats import WINDOW, Samples
 from kernelbench_eval.messages import Slot, WorkerReply, WorkerRequest
 from kernelbench_eval.records import RunSettings
@@ -36,12 +37,14 @@ from kernelbench_eval.records import RunSettings
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10
 CPU_BLOCK_CALLS = 1  # on the CPU, the models alternate call by call: host load changes within a 10-call block
-KEPT_BYTES = 512 << 20  # a block keeps a copy of every call's outputs until it is checked
-IN_PLACE_BYTES = 3 << 30  # ...or, left in place in the exchange, the outputs themselves (`block_calls`)
 OVERLAP_MS = 0.5  # CUDA: both models' calls at least this long, a worker answers before its call ends (`overlaps`)
 LATE_SHARE = 0.1  # ...while at most this share of the calls so far found the device done before it was waited for
 SCALE_RANGE = (0.75, 1.25)
 POLL_S = 0.05  # a timed call's reply is awaited by polling this long (`cores.harness_may_poll`), then by sleeping
+COVER_MARGIN = 1.25  # CUDA: the launch cover is this many times the slower model's recent host time per call...
+COVER_EXTRA_S = 20e-6  # ...plus this (the start event's own launch), at most MAX_COVER_S
+MAX_COVER_S = 0.01
+COVER_CALLS = 20  # the recent calls that size it
 
 
 @dataclass
@@ -55,6 +58,7 @@ class TimedModel:
     event_ms: Samples = field(default_factory=Samples)
     device_ms: Samples = field(default_factory=Samples)
     gate_ms: Samples = field(default_factory=Samples)  # CUDA: each call's flush before its start event
+    launch_ms: Samples = field(default_factory=Samples)  # host time per call (CUDA: launching its work)
     wall_ms: float = 0.0
     block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
@@ -65,13 +69,14 @@ class TimedModel:
     last: list[WorkerReply] = field(default_factory=list)  # the last block's replies: its outputs, where they lie
     overlapped: int = 0  # calls answered as soon as they were launched (`overlaps`)
     late: int = 0  # calls whose device work was done before its worker began to wait for it
+    warm_launch_ms: Samples = field(default_factory=Samples)  # its warm-up calls' host times (the first cover)
 
     def cores_used(self) -> float:
         return self.cpu_ms / self.wall_ms if self.wall_ms else 0.0
 
     def __post_init__(self) -> None:
-        self.event_ms, self.device_ms, self.gate_ms, self.block_gaps = (
-            Samples(x) for x in (self.event_ms, self.device_ms, self.gate_ms, self.block_gaps))
+        self.event_ms, self.device_ms, self.gate_ms, self.block_gaps, self.launch_ms = (
+            Samples(x) for x in (self.event_ms, self.device_ms, self.gate_ms, self.block_gaps, self.launch_ms))
 
     def per_call(self) -> float:
         """What one call costs (`stats.per_call_ms`): every call of a window paid for, a slow window outvoted."""
@@ -92,6 +97,7 @@ class TimedModel:
         self.event_ms += [s for reply in replies for s in reply.samples_ms]
         self.device_ms += device
         self.gate_ms += [g for reply in replies for g in reply.gate_ms]
+        self.launch_ms += [h for reply in replies for h in reply.launch_ms]
         if device:
             self.block_gaps.append((wall_ms - sum(device)) / len(device))
         for reply in replies:
@@ -102,6 +108,11 @@ class TimedModel:
         """Per block, this model's unexplained wall time per call minus `other`'s in the same block: the two
         ran back to back, so host load that hit the block hit both, and cancels."""
         return Samples(mine - theirs for mine, theirs in zip(self.block_gaps, other.block_gaps, strict=False))
+
+    def latency_ms(self) -> Samples:
+        """Per call, the other basis: the longer of its host time and its device time, what a caller issuing one
+        call after another pays per call (host launch work included)."""
+        return Samples(max(e, h) for e, h in zip(self.event_ms, self.launch_ms, strict=False))
 
     def device_tail(self) -> float:
         return Samples(d - e for d, e in zip(self.device_ms, self.event_ms, strict=True)).median()
@@ -154,21 +165,23 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
     for one in timed:
         if one.before:
             one.before()
-        _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
-                                     warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
-                                     graph=settings.cuda_graph), deadline)
+        warmed = _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
+                                              warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
+                                              graph=settings.cuda_graph), deadline)
+        one.warm_launch_ms = Samples(warmed.launch_ms)
     started = time.monotonic()
     blocks, schedule, overlap = 0, [], False
     poll = POLL_S if settings.device == "cuda" and cores.harness_may_poll() else 0.0
     while True:
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
                     for _ in range(calls_per_block)]
+        cover = cover_s(timed) if settings.device == "cuda" else 0.0
         for one in timed if blocks % 2 == 0 else timed[::-1]:
             if one.before:
                 one.before()
             requests = [WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call], first=i,
                                       graph=settings.cuda_graph, layout=one.layout[i:i + 1], overlap=overlap,
-                                      placement=(blocks * calls_per_block + i) // WINDOW)
+                                      placement=(blocks * calls_per_block + i) // WINDOW, cover_s=cover)
                         for i, call in enumerate(schedule)]
             if overlap:  # the last call's times, once its device work has ended: the block ends with them
                 requests.append(WorkerRequest(op="time", input_sets=input_sets, model=one.model,
@@ -190,6 +203,18 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
         if _done(timed, settings, time.monotonic() - started):
             return Measurement(timed, blocks, time.monotonic() - started, schedule)
         overlap = overlaps(timed, settings, calls_per_block)
+
+
+def cover_s(timed: list[TimedModel]) -> float:
+    """The launch cover of the next block's calls (`flush.repeats_for`), one for every model: COVER_MARGIN times
+    the slowest of their recent host times per call (their warm-ups' before the first block), plus COVER_EXTRA_S.
+
+    Why the same for every model: the cover is wall time before each start event, which the clock check
+    (`plausibility`) sees; equal, it cancels between the two. A model that reports a longer host time than it
+    had only lengthens both covers (wall time, no advantage); one that reports less leaves its own launches
+    uncovered, inside its own timed events."""
+    recent = [max(one.launch_ms[-COVER_CALLS:] or one.warm_launch_ms or [0.0]) for one in timed]
+    return min(MAX_COVER_S, COVER_MARGIN * max(recent, default=0.0) / 1e3 + COVER_EXTRA_S)
 
 
 def overlaps(timed: list[TimedModel], settings: RunSettings, calls_per_block: int) -> bool:
@@ -245,9 +270,22 @@ def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline, poll: floa
 
 
 def process_cpu_ms(worker: WorkerProcess) -> float:
-    """User plus system CPU time of a worker's process (all its threads), as the kernel accounts it."""
+    """User plus system CPU time of everything a worker ran, as the kernel accounts it: its cgroup leaf's
+    `cpu.stat` where the sandbox made one (every process in it, a helper it forked to compute part of the
+    output included, and those gone since), else, for a worker that runs candidate code, its process tree from
+    /proc (`cgroups.tree_cpu_ms`, a scan of /proc: 1.6 ms on a host of 90 processes), else (the harness's own
+    worker: the checker, a baseline) its own entry. Only the worker's own entry was counted before: a forked
+    helper's cores were invisible to the cores rule."""
+    from kernelbench_eval.isolation.cgroups import tree_cpu_ms
+
+    leaf = getattr(worker, "leaf", None)
+    used = leaf.cpu_ms() if leaf is not None else None
+    if used is not None:
+        return used
     pid = getattr(getattr(worker, "proc", None), "pid", None)
-    return linux.cpu_time_ms(pid) if pid is not None else 0.0
+    if pid is None:
+        return 0.0
+    return tree_cpu_ms(pid) if getattr(worker, "sandbox", None) is not None else linux.cpu_time_ms(pid)
 
 
 def sm_clock_mhz(gpu: str | None = None) -> int | None:

@@ -17,12 +17,16 @@ CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) b
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
 CLOCK_FLOOR_MS = 0.02  # but a timer that missed more than this and several times what it reported
 CLOCK_FACTOR = 3.0  # is caught even on short kernels
-CORES_SLACK = 0.5  # cores a candidate may keep busy beyond what the reference did in the same minutes
+CORES_SLACK = 0.5  # cores a candidate may keep busy beyond what the reference did in the same minutes,
+CORES_SHARE = 1.3  # and beyond this many times --threads (or --threads + CORES_SLACK, whichever is larger)
 GAP_Z = 3.0  # the paired gap must be this many standard errors above 0 to be more than host noise
 TAIL_SLACK_MS = 0.02
 TAIL_SLACK_SHARE = 0.1
 GATE_SLACK_MS = 0.005  # a flush before the candidate's calls may take this much longer than the reference's...
 GATE_SLACK_SHARE = 0.05  # ...or this share of it, whichever is larger
+NOT_FASTER = 1.02  # a candidate under this speedup gained nothing a rule on its flush could take back (issue 36)
+OVER_SLACK_MS = 0.05  # a block's calls may report this much more per call than the harness's clock saw them take...
+OVER_SLACK_SHARE = 0.05  # ...or this share of their reported time (the two clocks' skew), whichever is larger
 
 
 @dataclass
@@ -39,14 +43,23 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
     """The candidate's runtime and the reasons, if any, to distrust it."""
     result = Assessment(runtime_ms=cand.per_call())
     cores, ref_cores = cand.cores_used(), ref.cores_used()
-    if device == "cpu" and threads and cores > max(threads * 1.3, threads + 0.5) and cores > ref_cores + CORES_SLACK:
-        result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), but "
-                              f"the run fixes {threads} thread(s) (--threads); the reference was held to that")
+    if device == "cpu" and threads and too_many_cores(cores, ref_cores, threads):
+        result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), "
+                              f"counting every process it started, but the run fixes {threads} thread(s) "
+                              "(--threads); the reference was held to that")
     if cand.replaced:
         result.reasons.append(f"it replaced {', '.join(sorted(cand.replaced))} in its process (timed with the "
                               "harness's own copies, bound before it loaded)")
         result.speedup_trusted = False
-    explained = cand.device_ms.mean()
+    over = over_reported(cand)
+    if over is not None:
+        result.reasons.append(
+            f"its timer reported more time than its calls took: {-over:.3g} ms per call beyond the harness's wall "
+            "clock in a block (slow calls forged to pass the clock check, or to widen its interval)")
+        result.speedup_trusted = False
+    # the slack scales with what the candidate's calls cost (the runtime's own statistic), not with their mean: a
+    # few forged slow calls raised the mean, and with it the slack, over the time hidden in all the others
+    explained = cand.device_ms.per_call()
     excess = cand.unexplained() - ref.unexplained()
     if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):
         result.reasons.append(
@@ -61,8 +74,8 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")
-        slowed = flush_slowed(cand, ref)
-        if slowed is not None:
+        slowed = flush_slowed(cand, ref) if result.runtime_ms < ref.per_call() / NOT_FASTER else None
+        if slowed is not None:  # (a candidate no faster than the reference gained nothing by work under the flush)
             result.reasons.append(
                 f"the cache flush before each of its calls took {slowed * 1e3:.3g} us longer than before the "
                 "reference's: work ran beside it before its timer started (on another CUDA stream?)")
@@ -72,6 +85,23 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
             f"{result.runtime_ms:.3g} ms is below the physical floor of {floor_ms:.3g} ms (its inputs' bytes "
             "read once at the GPU's peak memory bandwidth)")
     return result
+
+
+def over_reported(model: TimedModel) -> float | None:
+    """The most negative per-call gap of any block (reported time beyond the harness's wall clock on that block),
+    when beyond the slack; None otherwise. An honest timer never reports more than the wall time its calls took."""
+    if not model.block_gaps:
+        return None
+    worst = min(model.block_gaps)
+    slack = max(OVER_SLACK_MS, OVER_SLACK_SHARE * model.device_ms.per_call())
+    return worst if worst < -slack else None
+
+
+def too_many_cores(cores: float, ref_cores: float, threads: int) -> bool:
+    """Whether a CPU candidate kept more cores busy (CPU time of all its processes, its cgroup's: a forked helper
+    counts, `measure.process_cpu_ms`, over the wall time of its blocks) than --threads allows and than the
+    reference kept busy in the same blocks (host load that slows both is not the candidate's doing)."""
+    return cores > max(threads * CORES_SHARE, threads + CORES_SLACK) and cores > ref_cores + CORES_SLACK
 
 
 def flush_slowed(cand: TimedModel, ref: TimedModel) -> float | None:
@@ -116,9 +146,13 @@ def significant(paired: list[float]) -> bool:
 
 
 def speedup_reason(speedup: float | None, max_speedup: float, ci: tuple[float, float] | None = None) -> str | None:
-    """A speedup over the limit; with its interval, only when even the interval's low end is over it (a
-    median thrown far by a burst of load has a wide interval, a real 50x does not)."""
-    claimed = ci[0] if ci else speedup
-    if speedup is not None and claimed is not None and max_speedup and claimed > max_speedup:
+    """A speedup over the limit: its point estimate, or any part of its interval above it at the low end.
+
+    Not the interval's low end alone (as before issue 36): slow windows in just under half of a candidate's calls
+    (real sleeps, or a timer wrapper) widen the interval down under the limit while the point estimate stays at
+    40-76x; a slow call is evidence against a claim, never a way to make it pass."""
+    if speedup is None or not max_speedup:
+        return None
+    if speedup > max_speedup or (ci is not None and ci[0] > max_speedup):
         return f"speedup {speedup:.3g}x is above the {max_speedup:g}x plausibility limit (--max-speedup)"
     return None

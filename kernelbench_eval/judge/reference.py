@@ -19,16 +19,25 @@ from pathlib import Path
 import torch
 
 from kernelbench_eval.discover.corpus import Problem
+from kernelbench_eval.discover.guard import user_paths
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge import conditions
+from kernelbench_eval.judge import conditions, memory
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.carve import SEGMENT_ALIGN, pool_bytes
+from kernelbench_eval.judge.carve import SEGMENT_ALIGN, in_place_enabled, pool_bytes
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, TimedModel, block_calls, measure
 from kernelbench_eval.judge.refguard import Sched, snapshot
 from kernelbench_eval.judge.stats import finite, per_call_ms, rse_per_call
-from kernelbench_eval.messages import CheckResult, ExchangeInfo, Slot, TensorMeta, WorkerRequest
-from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key, now_utc
+from kernelbench_eval.messages import CheckResult, ExchangeInfo, MemoryPlan, Slot, TensorMeta, WorkerRequest
+from kernelbench_eval.records import (
+    Baseline,
+    Conditions,
+    MemoryRecord,
+    RunSettings,
+    TimingStats,
+    baseline_key,
+    now_utc,
+)
 
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"
@@ -57,7 +66,8 @@ class ReferenceSide:
     """The reference of one problem, kept alive (in its checker worker) while the problem's candidates are judged."""
 
     def __init__(self, problem: Problem, settings: RunSettings, seeds: Secrets, log: Path, timeout: float,
-                 compile_timeout: float, store: BaselineStore, env: dict[str, str] | None = None) -> None:
+                 compile_timeout: float, store: BaselineStore, env: dict[str, str] | None = None,
+                 memory_share: float = 1.0) -> None:
         self.problem, self.settings, self.seeds, self.log = problem, settings, seeds, log
         self.timeout, self.compile_timeout, self.store = timeout, compile_timeout, store
         self.env = env or {}  # the lane's: CUDA_VISIBLE_DEVICES names its GPU
@@ -84,6 +94,12 @@ class ReferenceSide:
         self.broken = False  # the checker died mid-candidate: open the problem again for the next one
         self.ipc = settings.device == "cuda"  # lend the exchange by CUDA IPC until that is refused once
         self.ipc_refused: str | None = None  # why, when it was
+        self.memory_share = memory_share  # of the device's budget: lanes sharing one device split it
+        self.residency: MemoryPlan | None = None  # what the checker keeps resident (`memory`), once expected
+        self.peak_bytes: int | None = None  # the checker's peak memory, as its replies reported it
+        self.distributions: list[str] = []  # each trial's input distribution, as the checker settled them (`draws`)
+        self.distributions_note: str | None = None  # those the reference refused, and why
+        self.timed_error: float | None = None  # the judged candidate's largest error over its timed calls so far
         self._stack = ExitStack()
 
     # -- opening -------------------------------------------------------------------------------------
@@ -104,9 +120,14 @@ class ReferenceSide:
             self.memory_bytes = loaded.memory_bytes
             self.event_overhead_ms = loaded.event_overhead_ms
             expected = self.worker.call(WorkerRequest(op="expect", trial_seeds=self.seeds.trial_seeds,
-                                                      atol=self.settings.atol, rtol=self.settings.rtol),
+                                                      timing_seeds=self.seeds.timing_seeds,
+                                                      atol=self.settings.atol, rtol=self.settings.rtol,
+                                                      memory_budget=memory.forced_budget(),
+                                                      memory_share=self.memory_share),
                                         deadline.left())
-            self.metas, self.warning = expected.expected, expected.warning
+            self.metas, self.warning, self.residency = expected.expected, expected.warning, expected.residency
+            self.distributions, self.distributions_note = expected.distributions, expected.distributions_note
+            self._note_peak(expected.peak_bytes)
             self.baseline = self._baseline()
             self.alone = self.baseline.eager_samples if self.baseline else self.time_alone()
             if self.settings.device == "cuda" and self.alone:
@@ -116,7 +137,7 @@ class ReferenceSide:
             self.init_bytes = init.read_bytes()
             init.unlink()
         except (WorkerFailure, OSError) as exc:
-            self.error = f"{self.problem.path}: reference: {getattr(exc, 'message', exc)}"
+            self.error = user_paths(self.problem, f"{self.problem.shown}: reference: {getattr(exc, 'message', exc)}")
         return self
 
     def close(self) -> None:
@@ -134,21 +155,45 @@ class ReferenceSide:
             pass  # broken now: the next candidate of this problem opens it again
 
     def footprint(self) -> int:
-        """Bytes its checker keeps while open: every input set and every trial's expected outputs."""
+        """Bytes its checker keeps while open: the input sets and expected outputs its memory plan keeps."""
+        if self.residency is not None:
+            return self.residency.resident_bytes
         sets = len(self.seeds.trial_seeds) + len(self.seeds.timing_seeds)
         return self.input_bytes * sets + self.output_bytes() * len(self.metas)
+
+    @property
+    def placements(self) -> int:
+        """Live input buffers per worker in the timed calls, as the memory plan allows (0: the worker's own)."""
+        return self.residency.placements if self.residency else 0
+
+    def memory_record(self, candidate_peak: int | None) -> MemoryRecord | None:
+        """The plan and both workers' peaks, for a verdict."""
+        plan = self.residency
+        if plan is None:
+            return None
+        return MemoryRecord(budget_bytes=plan.budget_bytes, need_bytes=plan.need_bytes, fits=plan.fits,
+                            trial_inputs_resident=plan.trial_inputs, expected_resident=plan.expected,
+                            timing_sets=plan.timing_sets, placements=plan.placements,
+                            reference_peak_bytes=self.peak_bytes, candidate_peak_bytes=candidate_peak)
+
+    def _note_peak(self, peak: int | None) -> None:
+        if peak is not None:
+            self.peak_bytes = max(self.peak_bytes or 0, peak)
 
     def load_request(self, class_name: str, path: Path, compile_mode: str | None = None,
                      model: str = "main", init_dir: Path | None = None) -> WorkerRequest:
         return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name, model=model,
                              init_file=str((init_dir or self.workdir) / "init.pt"), init_seed=self.seeds.init_seed,
                              device=self.settings.device, threads=self.settings.threads, compile_mode=compile_mode,
-                             precision=self.settings.precision)
+                             precision=self.settings.precision, problem=str(self.problem.path.resolve()),
+                             dims=self.settings.dims)  # the names a candidate sees (`worker.namespace`)
 
     # -- what candidates are fed and checked against -----------------------------------------------
 
     def timing_sets(self) -> list[str]:
-        return [f"timing{k}" for k in range(len(self.seeds.timing_seeds))]
+        """The base sets the timed calls rotate through: as many as the memory plan keeps."""
+        count = self.residency.timing_sets if self.residency else len(self.seeds.timing_seeds)
+        return [f"timing{k}" for k in range(count)]
 
     def output_bytes(self) -> int:
         return layout_bytes(output_layout(self.metas[0])[0]) if self.metas else 0
@@ -162,12 +207,18 @@ class ReferenceSide:
 
     def _in_place_block(self) -> tuple[int, int]:
         """(calls, pool area bytes) of the largest in-place block the device has room for; (0, 0): none (outputs
-        small enough to copy, no CUDA IPC, the CPU, or no room)."""
-        if block_calls(self.output_bytes()) > 1 or not self.ipc or self.settings.device != "cuda":
+        small enough to copy, no CUDA IPC, the CPU, or no room). Room is the device's share (`carve.POOL_SHARE`)
+        and what the memory plan left spare: the area is raw device memory of the checker's, beyond the exchange
+        the plan counted (KernelBench's 23_Softmax at its current size: 19 GB, the difference between fitting an
+        H200 and running out)."""
+        if (block_calls(self.output_bytes()) > 1 or not self.ipc or self.settings.device != "cuda"
+                or not in_place_enabled()):
             return 0, 0
+        plan = self.residency
+        spare = plan.budget_bytes - plan.need_bytes if plan else None
         for calls in sorted({block_calls(self.output_bytes(), in_place=True), 1}, reverse=True):  # the most that fit
             area = pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls)
-            if area:
+            if area and (spare is None or area <= spare):
                 return calls, area
         return 0, 0
 
@@ -212,12 +263,17 @@ class ReferenceSide:
                       ) -> CheckResult:
         check = self._call(WorkerRequest(op="compare_timed", calls=calls, layout=layout, metas=metas)).check
         assert check is not None
+        error = check.precision.candidate_error if check.precision else None
+        if error is not None and (self.timed_error is None or error > self.timed_error):
+            self.timed_error = error  # the candidate's precision over its timed calls (`judging`)
         return check
 
-    def feed(self, worker: WorkerProcess, names: list[str], deadline: Deadline) -> None:
-        """Give `worker` (attached to the lent exchange) its own copies of these input sets."""
-        for name in names:
-            worker.call(WorkerRequest(op="take", name=name, slots=self.put(name)), deadline.left())
+    def feed(self, worker: WorkerProcess, names: list[str], deadline: Deadline, drop: bool = False) -> None:
+        """Give `worker` (attached to the lent exchange) its own copies of these input sets; `drop`: it lets go of
+        those it held first (a candidate holds one trial's set at a time, then the timing's: `memory`)."""
+        for i, name in enumerate(names):
+            worker.call(WorkerRequest(op="take", name=name, slots=self.put(name), drop=drop and i == 0),
+                        deadline.left())
 
     def floor_ms(self) -> float | None:
         if self.settings.device == "cuda" and self.bandwidth_gbs:
@@ -227,7 +283,9 @@ class ReferenceSide:
     def _call(self, req: WorkerRequest):  # noqa: ANN202 (a WorkerReply)
         assert self.worker is not None
         try:
-            return self.worker.call(req, self.timeout)
+            reply = self.worker.call(req, self.timeout)
+            self._note_peak(reply.peak_bytes)
+            return reply
         except WorkerFailure as exc:
             self.broken = True
             raise ReferenceFailure("crashed", f"the reference's worker failed ({exc.message})") from exc
@@ -293,13 +351,13 @@ class ReferenceSide:
             env = self.env | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # leave the cores to the candidates' builds
             with WorkerProcess(self.workdir, self.log, env, time_limit=self.compile_timeout) as worker:
                 worker.call(self.load_request("Model", self.problem.path, COMPILE_MODE), deadline.left())
-                worker.call(WorkerRequest(op="attach", exchange=self.lend(self.workdir, pool=False)),
-                            deadline.left())
+                worker.call(WorkerRequest(op="attach", exchange=self.lend(self.workdir, pool=False),
+                                          placements=self.placements), deadline.left())
                 self.feed(worker, self.timing_sets(), deadline)
                 samples = self._measure_alone(worker, deadline)
             baseline.compiled, baseline.compiled_samples = TimingStats.from_samples(samples), samples
         except WorkerFailure as exc:
-            baseline.compile_error = f"torch.compile baseline: {exc.message}"
+            baseline.compile_error = user_paths(self.problem, f"torch.compile baseline: {exc.message}")
         finally:
             self.reclaim()
 

@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 BOOTSTRAP_RESAMPLES = 2000
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 WINDOW = 10  # consecutive calls whose mean is one observation: a block on the GPU, ten 1-call blocks on the CPU
+MIN_WINDOWS = 5  # below 5 * WINDOW calls, windows shrink so that there are this many (one window has no spread)
+# What the between-session term assumes before it has seen sessions (a scaled inverse chi-square prior): the sd of
+# log time per call between processes (0.15-0.24 % measured for a 94 us SiLU on an H100, docs/benchmarks.md;
+# twice that here), worth PRIOR_DF sessions. With one or two sessions Student's t (12.7 at one degree of
+# freedom) made intervals like [0.0, 180332]; the prior keeps the term honest and finite, and real sessions
+# outweigh it as they come.
+PRIOR_SD = 0.005
+PRIOR_ABS_MS = 0.00015  # and, for short calls, 0.15 us of absolute time: two processes timing one 6 us kernel
+# differed by up to 4 % on an H200 (KernelBench level 1 at its 2025 sizes, docs/benchmarks.md)
+PRIOR_DF = 8
+RESOLVES = 1.10  # an interval wider than this factor each side (sqrt(high / low)) cannot tell 10 % apart
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal sample, scaled to its standard deviation
 MEDIAN_SE = 1.2533  # sqrt(pi/2): the median's standard error over the mean's, for normal samples
 
@@ -63,11 +74,13 @@ class Samples(list[float]):
 
 
 def window_means(samples: Sequence[float], window: int = WINDOW) -> list[float]:
-    """The mean of every run of `window` consecutive calls (n // window runs, the rest spread over them)."""
+    """The mean of every run of `window` consecutive calls (n // window runs, the rest spread over them), and at
+    least MIN_WINDOWS runs where there are that many calls: a single window's mean has no spread, and an
+    interval bootstrapped from it would claim a precision its samples never showed (`95% CI 0.874-0.874`)."""
     n = len(samples)
     if n == 0:
         return []
-    count = max(1, n // window)
+    count = max(min(n, MIN_WINDOWS), n // window)
     bounds = [round(i * n / count) for i in range(count + 1)]
     return [math.fsum(samples[a:b]) / (b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
 
@@ -227,15 +240,42 @@ def between_sessions(per_call: Sequence[float]) -> tuple[float, int] | None:
     return statistics.stdev(logs), len(logs) - 1
 
 
-def widened(interval: tuple[float, float], point: float, between: tuple[float, int] | None) -> tuple[float, float]:
+def prior_sd(time_ms: float | None = None) -> float:
+    """The between-session sd assumed before sessions are seen: PRIOR_SD, and PRIOR_ABS_MS of `time_ms` where the
+    call is short enough that the absolute floor dominates."""
+    return math.hypot(PRIOR_SD, PRIOR_ABS_MS / time_ms) if time_ms else PRIOR_SD
+
+
+def pooled(between: tuple[float, int], time_ms: float | None = None) -> tuple[float, int]:
+    """The between-session sd and its freedom with the prior (`prior_sd` worth PRIOR_DF sessions) pooled in."""
+    sigma, df = between
+    return math.sqrt((df * sigma**2 + PRIOR_DF * prior_sd(time_ms)**2) / (df + PRIOR_DF)), df + PRIOR_DF
+
+
+def widened(interval: tuple[float, float], point: float, between: tuple[float, int] | None,
+            time_ms: float | None = None) -> tuple[float, float]:
     """`interval` around `point`, each side widened (in quadrature, on the log scale) by the between-session
-    term of a ratio of two such times: sqrt(2) times `between`'s deviation, at Student's t for its freedom."""
+    term of a ratio of two such times: sqrt(2) times `between`'s deviation (pooled with the prior, `pooled`, for
+    calls of `time_ms`), at Student's t for its freedom."""
     if between is None or point <= 0 or interval[0] <= 0:
         return interval
-    sigma, df = between
+    sigma, df = pooled(between, time_ms)
     extra = t975(df) * math.sqrt(2) * sigma
     low, high = math.log(point / interval[0]), math.log(interval[1] / point)
     return point * math.exp(-math.hypot(max(low, 0.0), extra)), point * math.exp(math.hypot(max(high, 0.0), extra))
+
+
+def unresolved(interval: tuple[float, float] | None, between: tuple[float, int] | None) -> str | None:
+    """Why a speedup's interval cannot tell a RESOLVES difference apart (None when it can): said in the verdict
+    instead of leaving a reader to find an interval spanning orders of magnitude meaningful."""
+    if interval is None or interval[0] <= 0:
+        return "no interval: too few timed calls"
+    factor = math.sqrt(interval[1] / interval[0])
+    if factor <= RESOLVES:
+        return None
+    why = (f"the reference's time moved between sessions (sd {between[0]:.1%} over {between[1] + 1})"
+           if between and pooled(between)[0] > PRIOR_SD * 2 else "its calls' times vary too much within the session")
+    return f"cannot resolve {RESOLVES - 1:.0%} differences (interval x/{factor:.2f}): {why}"
 
 
 def rerun_interval(interval: tuple[float, float], point: float) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
-from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
+from kernelbench_eval.judge.measure import Call, TimedModel, cover_s, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn, check_reference
 from kernelbench_eval.judge.stats import (
@@ -30,6 +30,7 @@ from kernelbench_eval.judge.stats import (
     rerun_interval,
     rse_per_call,
     speedup_ci,
+    unresolved,
     widened,
 )
 from kernelbench_eval.messages import Slot, WorkerRequest
@@ -66,7 +67,7 @@ def time_candidate(run: CandidateRun) -> None:
     twice. Only the last measurement is reported."""
     with run.stage("timing"):
         assert run.worker is not None
-        run.ref.feed(run.worker, run.ref.timing_sets(), run.deadline)
+        run.ref.feed(run.worker, run.ref.timing_sets(), run.deadline, drop=True)
         for attempt in (1, 2):
             timed = _measure_once(run)
             if timed is None:
@@ -179,12 +180,21 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     if agreement is not None and agreement.outcome == "disturbed":
         reasons.append(agreement.reason(ref_ms))
     between = record_session(run.ref.session_ms, ref_ms, doubted=bool(reasons))
-    interval = widened(within, speedup, between) if speedup and within else None
+    shorter = min(ref_ms, verdict.runtime_ms)  # the call whose absolute floor weighs most (`stats.prior_sd`)
+    interval = widened(within, speedup, between, shorter) if speedup and within else None
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
+    latency, ref_latency = cand.latency_ms(), ref.latency_ms()
+    latency_speedup = ref_latency.per_call() / latency.per_call() if speedup and latency else None
     findings.timing = Timing(
-        candidate=stats, reference=ref_stats, speedup=speedup,
+        candidate=stats, reference=ref_stats, speedup=speedup, basis="device" if cuda else "wall",
+        latency_ms=latency.per_call() if latency else None,
+        ref_latency_ms=ref_latency.per_call() if ref_latency else None,
+        latency_speedup=latency_speedup, launch_ms=cand.launch_ms.median() if cand.launch_ms else None,
+        ref_launch_ms=ref.launch_ms.median() if ref.launch_ms else None,
+        cover_ms=cover_s([ref, cand]) * 1e3 if cuda else None,
+        unresolved=unresolved(interval, between) if speedup else None,
         speedup_ci=interval, speedup_ci_within=within,
         speedup_rerun_interval=rerun_interval(interval, speedup) if interval and speedup else None,
         between_sd=between[0] if between else None,
@@ -212,7 +222,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         findings.speedup_vs_compile = per_call_ms(base.compiled_samples) / per_call_ms(base.eager_samples) * speedup
         findings.speedup_vs_compile_ci = widened(chained_speedup_ci(
             base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)),
-            findings.speedup_vs_compile, between)
+            findings.speedup_vs_compile, between, shorter)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
 

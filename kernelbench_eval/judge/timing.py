@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from kernelbench_eval.judge.cudart import reset_persisting_l2
-from kernelbench_eval.judge.flush import flush_for
+from kernelbench_eval.judge.flush import flush_for, repeats_for
 
 _perf_counter_ns = time.perf_counter_ns
 # A timed CUDA call measures with the C event type's own methods (no Python code can replace a method of a C
@@ -66,6 +66,7 @@ class Block:
     event_ms: list[float] = field(default_factory=list)
     device_ms: list[float] = field(default_factory=list)
     gate_ms: list[float] = field(default_factory=list)  # CUDA: each call's flush, from before it to the start event
+    launch_ms: list[float] = field(default_factory=list)  # host time of each call (CUDA: launching its work)
     kept: list[list[torch.Tensor | None]] = field(default_factory=list)
     late: bool = False  # a call's device work was done before its settling began (`settle`)
 
@@ -74,6 +75,7 @@ class Block:
         self.event_ms += other.event_ms
         self.device_ms += other.device_ms
         self.gate_ms += other.gate_ms
+        self.launch_ms += other.launch_ms
         self.late = self.late or other.late
 
 
@@ -144,7 +146,7 @@ EARLY_MS = 0.5  # a call at least this long (the model's last one) leaves the ho
 
 def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
                device: str, replay: Callable[[], object] | None = None, keeper: Keeper | None = None,
-               placement: int = 0) -> Block:
+               placement: int = 0, cover_s: float = 0.0) -> Block:
     """Time one call per (base set, scale) in `schedule`, keeping a copy of every call's outputs.
 
     `replay`, when given, is a captured CUDA graph of the model on the rotation's buffers, timed instead.
@@ -153,7 +155,7 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
     """
     keeper = keeper or (lambda _, out: lambda: keep(out))
     if device == "cuda":
-        return _time_cuda(model, rotation, schedule, replay, keeper, 0 if replay else placement)
+        return _time_cuda(model, rotation, schedule, replay, keeper, 0 if replay else placement, cover_s)
     block = Block()
     for i, (k, scale, seed) in enumerate(schedule):
         inputs = rotation.fill(k, scale, seed)
@@ -162,6 +164,7 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
         elapsed = (_perf_counter_ns() - start) / 1e6
         block.event_ms.append(elapsed)
         block.device_ms.append(elapsed)
+        block.launch_ms.append(elapsed)
         block.kept.append(keeper(i, out)())
     return block
 
@@ -169,20 +172,27 @@ def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[
 _WARM_SEEDS = itertools.count(1 << 40)  # never the same warm-up input twice in a process (timed seeds are secret)
 
 
-def warm_up(model: Callable[..., object], rotation: Rotation, count: int, seconds: float, device: str) -> int:
-    """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns calls made.
+def warm_up(model: Callable[..., object], rotation: Rotation, count: int, seconds: float, device: str
+            ) -> list[float]:
+    """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns the host time of each
+    call after the first (what the harness sizes the first block's launch cover by: `measure.cover_s`).
 
     Each gets inputs this process has not seen: a second measurement (`timed`, attempt 2) warming up on the
     first's inputs again handed a caching candidate repeats it could answer from memory (untimed, but noise in
     what it shows)."""
     deadline = _perf_counter_ns() + int(seconds * 1e9)
-    done = 0
+    done, launches = 0, []
     while done < count and _perf_counter_ns() < deadline:  # on every placement: buffers a model keys by its
         # inputs' addresses are made here, outside the exchange's pool, not in a timed call (`carve`)
-        model(*rotation.fill(done % len(rotation.bases), 1.0, next(_WARM_SEEDS), done % len(rotation.placements)))
+        inputs = rotation.fill(done % len(rotation.bases), 1.0, next(_WARM_SEEDS), done % len(rotation.placements))
+        _sync(device)
+        started = _perf_counter_ns()
+        model(*inputs)
+        if done:  # the first call initialises what later calls reuse
+            launches.append((_perf_counter_ns() - started) / 1e6)
         _sync(device)
         done += 1
-    return done
+    return launches
 
 
 def replaced() -> list[str]:
@@ -193,10 +203,10 @@ def replaced() -> list[str]:
 
 
 def _time_cuda(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
-               call: Callable[[], object] | None, keeper: Keeper, placement: int) -> Block:
+               call: Callable[[], object] | None, keeper: Keeper, placement: int, cover_s: float) -> Block:
     block = Block()
     for i, one in enumerate(schedule):
-        settle(launch(model, rotation, one, i, keeper, call, placement), block)
+        settle(launch(model, rotation, one, i, keeper, call, placement, cover_s=cover_s), block)
     _device_sync()
     return block
 
@@ -210,12 +220,17 @@ class Launched:
     out: object
     keeper: Keeper
     finish: Callable[[], list] | None  # the keeper's second half, when its first ran right after the launch
+    launch_ms: float = 0.0  # host time from the call's start to its return (its launches, and any host work)
 
 
 def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, float, int], index: int,
            keeper: Keeper, replay: Callable[[], object] | None = None, placement: int = 0,
-           early: bool | None = None) -> Launched:
+           early: bool | None = None, cover_s: float = 0.0) -> Launched:
     """Refill, flush and launch one timed call between its events, without waiting for the device.
+
+    The flush is written as often as `cover_s` asks (`flush.repeats_for`): the harness sizes that cover from
+    both models' host launch times, the same for both, so that every kernel of the call is queued before its
+    start event fires and the events time the device's work alone (the runtime's stated basis).
 
     The keeper's first half (describing and locating the outputs: host work only) runs at once when `early`,
     while the device computes; by default, when the model's last call took EARLY_MS or more and its keeper never
@@ -228,14 +243,17 @@ def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, fl
     reset_persisting_l2()
     stream = _current_stream()
     _EventBase.record(before, stream)
-    flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
+    for _ in range(repeats_for(flush, cover_s)):
+        flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
     _EventBase.record(start, stream)
+    started = _perf_counter_ns()
     out = replay() if replay else model(*inputs)
+    launched_ms = (_perf_counter_ns() - started) / 1e6
     _EventBase.record(end, _current_stream())
     key = id(model)
     if early is None:
         early = key not in _LATE and _LAST_MS.get(key, 0.0) >= EARLY_MS
-    return Launched(key, index, out, keeper, keeper(index, out) if early else None)
+    return Launched(key, index, out, keeper, keeper(index, out) if early else None, launched_ms)
 
 
 def settle(launched: Launched, block: Block) -> bool:
@@ -254,6 +272,7 @@ def settle(launched: Launched, block: Block) -> bool:
     block.event_ms.append(_EventBase.elapsed_time(start, end))
     block.device_ms.append(_EventBase.elapsed_time(start, after))
     block.gate_ms.append(_EventBase.elapsed_time(before, start))
+    block.launch_ms.append(launched.launch_ms)
     _LAST_MS[launched.key] = block.event_ms[-1]
     return late
 

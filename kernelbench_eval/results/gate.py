@@ -1,4 +1,11 @@
-"""A pass/fail bar over one run, for CI: every candidate must be correct and (optionally) fast enough."""
+"""A pass/fail bar over one run, for CI: every candidate must be correct and (optionally) fast enough.
+
+Fast enough is judged by the speedup's interval, not its point: `--min-speedup X` passes a candidate only
+when the low end of its 95 % interval (`speedup_vs_eager_ci` or `speedup_vs_compile_ci`, widened by the
+between-session spread) reaches X, so a run that is fast only by noise does not pass and a slow point inside a
+wide interval is not the bar. A verdict with no interval (too few timed calls, an older run) is held to its
+point estimate, and its failure says so. `bar()` states the bar, which the command prints.
+"""
 
 from __future__ import annotations
 
@@ -68,15 +75,25 @@ def check_gate(verdicts: list[Verdict], require_correct: bool = True, min_speedu
         if min_speedup is not None:
             speed = getattr(v, field, None)
             interval = getattr(v, f"{field}_ci", None)
+            which = "point estimate: no interval recorded"
             if speed is not None and interval is not None:
-                speed = interval[0]  # faster only when the whole interval clears the bar
+                speed, which = interval[0], "95% lower bound"  # faster only when the whole interval clears the bar
             if speed is None:
                 failures.append(GateFailure(v.problem, v.candidate, f"no {baseline} speedup recorded"))
             elif speed < min_speedup:
                 failures.append(GateFailure(v.problem, v.candidate,
-                                            f"speedup {speed:.3g}x (95% lower bound) < {min_speedup:g}x over "
-                                            f"{baseline}"))
+                                            f"speedup {speed:.3g}x ({which}) < {min_speedup:g}x over {baseline}"))
     return failures
+
+
+def bar(require_correct: bool = True, min_speedup: float | None = None, baseline: str = "eager",
+        allow_skipped: bool = False, allow_suspicious: bool = False, require_custom: bool = False) -> str:
+    """The bar `check_gate` applies with these settings, in words (printed with the verdict of the gate)."""
+    parts = [*["correct"] * require_correct, *["not skipped"] * (not allow_skipped),
+             *["not suspicious"] * (not allow_suspicious), *["a kernel of its own"] * require_custom]
+    if min_speedup is not None:
+        parts.append(f"speedup over {baseline} >= {min_speedup:g}x at its 95% interval's lower bound")
+    return ", ".join(parts) or "none"
 
 
 def _custom_failure(v: Verdict) -> str | None:

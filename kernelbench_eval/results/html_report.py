@@ -11,7 +11,7 @@ from html import escape
 import pandas as pd
 
 from kernelbench_eval import statuses
-from kernelbench_eval.results.formatting import number
+from kernelbench_eval.results.formatting import number, runtime_text
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #1f2328; }
@@ -63,12 +63,6 @@ JS = """
   document.title = "kbeval report ok";
 })();
 """
-
-
-def _num(value: float, spec: str, suffix: str = "") -> tuple[str, str]:
-    """(display text, sort key) for a number that may be missing (NaN, None, or the -1.0 'no time')."""
-    text = number(value, spec, suffix)
-    return (text, repr(float(value))) if text else ("", "")
 
 
 def _text(value: object) -> str:
@@ -173,9 +167,11 @@ def render_html(df: pd.DataFrame, title: str = "kbeval report", aggregates: dict
         cells = [f"<td>{escape(_text(r.problem))}</td>", f"<td>{escape(_text(r.candidate))}</td>",
                  f'<td data-sort="{escape(status)}"><span class="status" '
                  f'style="background:{statuses.colour(status)}">{escape(status)}</span></td>']
-        for value, spec, suffix in ((r.runtime_ms, ".4g", ""), (r.ref_runtime_ms, ".4g", ""),
-                                    (r.speedup, ".2f", "x"), (r.max_abs_diff, ".2g", "")):
-            text, sort_key = _num(value, spec, suffix)
+        for value, text in ((r.runtime_ms, runtime_text(r.runtime_ms)),
+                            (r.ref_runtime_ms, runtime_text(r.ref_runtime_ms)),
+                            (r.speedup, number(r.speedup, ".2f", "x")),
+                            (r.max_abs_diff, number(r.max_abs_diff, ".2g"))):  # sorted by value, not by text
+            sort_key = repr(float(value)) if text else ""
             cells.append(f'<td class="num" data-sort="{escape(sort_key)}">{escape(text)}</td>')
         cells.append(f'<td class="err">{escape(_text(r.error))}</td>')
         cells.append(f'<td class="err">{escape(_text(r.log))}</td>')

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +20,12 @@ from rich.console import Console
 from kernelbench_eval import statuses
 from kernelbench_eval.judge.stats import FAST_P, fast_p
 from kernelbench_eval.records import Verdict
+from kernelbench_eval.results import phases as account
 from kernelbench_eval.results.aggregates import aggregates, aggregates_text
 from kernelbench_eval.results.display import status_counts, verdict_table
-from kernelbench_eval.results.formatting import number
+from kernelbench_eval.results.formatting import fit_items, number, runtime_text
 from kernelbench_eval.results.html_report import render_html
+from kernelbench_eval.results.kernelbench import write_eval_results
 from kernelbench_eval.results.record import RunRecorder, write_atomic
 
 FORMATS = ("table", "csv", "json", "markdown", "html", "junit", "summary")
@@ -66,14 +69,19 @@ def _row(v: Verdict) -> dict[str, object]:
 
 def fast_p_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     """fast_p per problem and overall, against eager and torch.compile: the share of candidates correct,
-    not suspicious, and faster than the baseline by more than p at the low end of the 95 % interval."""
+    not suspicious, and faster than the baseline by more than p at the low end of the 95 % interval.
+
+    `skipped` candidates were never judged, so they are out of the denominator (`candidates` counts the judged
+    ones), as they are out of pass@k's n (`aggregates`); a problem whose candidates were all skipped has no
+    row, as it has no pass@k."""
     rows = []
-    groups = sorted({v.problem for v in verdicts})
+    judged = [v for v in verdicts if v.status != "skipped"]
+    groups = sorted({v.problem for v in judged})
     baselines = [("eager", "speedup_vs_eager_ci")]
     if any(v.compile_runtime_ms is not None for v in verdicts):  # a run without a compile baseline has no row
         baselines.append(("compile", "speedup_vs_compile_ci"))
     for problem in [*groups, "all"]:
-        group = [v for v in verdicts if problem in ("all", v.problem)]
+        group = [v for v in judged if problem in ("all", v.problem)]
         for baseline, field in baselines:
             entries = [(v.status == "ok", (getattr(v, field) or (None,))[0]) for v in group]
             row: dict[str, object] = {"problem": problem, "baseline": baseline, "candidates": len(group)}
@@ -116,20 +124,25 @@ def to_table(verdicts: list[Verdict], title: str = "report", width: int | None =
     for row in best_per_problem(leaderboard(verdicts)).itertuples():
         best = f"{row.candidate} {row.speedup:.2f}x" if isinstance(row.candidate, str) else "no correct candidate"
         out.print(f"best {row.problem}: {best}", markup=False)
-    out.print(fast_p_text(verdicts), markup=False)
+    out.print(fast_p_text(verdicts, width=out.width), markup=False)
     out.print(aggregates_text(verdicts), markup=False)
     return buffer.getvalue()
 
 
-def fast_p_text(verdicts: list[Verdict]) -> str:
-    """fast_p as aligned text lines (overall first), the way `kbeval run` ends."""
+FAST_P_HEAD = ("fast_p (share of judged candidates correct and faster than the baseline by more than p, at the "
+               "95% interval's lower bound; skipped ones not counted):")
+
+
+def fast_p_text(verdicts: list[Verdict], width: int | None = None) -> str:
+    """fast_p as text lines (overall first), the way `kbeval run` ends; with `width`, every line fits it,
+    broken between words of the heading and between the `fast_p=` items of a row, never inside one."""
     df = fast_p_frame(verdicts)
     cols = [c for c in df.columns if c.startswith("fast_")]
-    lines = ["fast_p (correct and faster than the baseline by more than p, 95% lower bound):"]
+    lines = textwrap.wrap(FAST_P_HEAD, width) if width else [FAST_P_HEAD]
     order = pd.concat([df[df["problem"] == "all"], df[df["problem"] != "all"]])
     for row in order.to_dict(orient="records"):
-        values = "  ".join(f"{c}={row[c]:.2f}" for c in cols)
-        lines.append(f"  {row['problem']} vs {row['baseline']}: {values}")
+        items = [f"{c}={row[c]:.2f}" for c in cols]
+        lines += fit_items(f"  {row['problem']} vs {row['baseline']}:", items, width)
     return "\n".join(lines)
 
 
@@ -159,7 +172,7 @@ def to_markdown(verdicts: list[Verdict]) -> str:
                                                                  "---"]) + "|"]
     for row in df.itertuples():
         status = f"**{row.status}**" if row.status != "ok" else "ok"
-        numbers = [number(row.runtime_ms, ".4g"), number(row.ref_runtime_ms, ".4g"), number(row.speedup, ".2f", "x"),
+        numbers = [runtime_text(row.runtime_ms), runtime_text(row.ref_runtime_ms), number(row.speedup, ".2f", "x"),
                    number(row.max_abs_diff, ".2g")]
         cells = [_md_cell(row.problem), _md_cell(row.candidate), status, *numbers, _md_cell(row.error)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -197,8 +210,8 @@ def to_junit(verdicts: list[Verdict]) -> str:
                 failure.text = "\n".join(x for x in (v.error, f"log: {v.log}" if v.log else None) if x)
             else:
                 out = ET.SubElement(case, "system-out")
-                out.text = f"runtime {v.runtime_ms:.4g} ms, reference {v.ref_runtime_ms or 0:.4g} ms, " \
-                           f"speedup {v.speedup or 0:.2f}x"
+                out.text = (f"runtime {runtime_text(v.runtime_ms)} ms, reference {runtime_text(v.ref_runtime_ms)} "
+                            f"ms, speedup {number(v.speedup, '.2f', 'x')}")
         totals["tests"] += len(group)
         totals["failures"] += failures
         totals["skipped"] += skipped
@@ -246,4 +259,9 @@ def write_default_reports(run_dir: Path) -> list[Path]:
         path = run_dir / name
         write_atomic(path, render(verdicts, fmt, title=f"kbeval report: {run_dir.name}"))
         written.append(path)
+    written += write_eval_results(run_dir, verdicts)  # KernelBench's own results file, for its scripts
+    sessions = account.read(run_dir)
+    if sessions:  # where each session's wall time went (`run.account`), beside the verdicts' aggregates
+        summary = json.loads((run_dir / "summary.json").read_text())
+        write_atomic(run_dir / "summary.json", json.dumps(summary | {"phases": sessions}, indent=2) + "\n")
     return written

@@ -12,7 +12,7 @@ the same class in an actor; everything they take and return pickles.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +47,7 @@ class LaneConfig:
 
 MAX_OPEN = 3  # references a lane keeps open at most
 MEMORY_SHARE = 0.25  # of the device's memory, for the inputs and expected outputs of the references kept open
+OUT_OF_MEMORY = "out of memory"  # in a reference's error: it did not fit beside the others kept open
 
 
 @dataclass
@@ -81,8 +82,9 @@ HARNESS_THREADS = 1  # torch's intra-op threads in the process that hosts lanes 
 
 
 class EvalLane:
-    def __init__(self, spec: LaneSpec, config: LaneConfig) -> None:
+    def __init__(self, spec: LaneSpec, config: LaneConfig, memory_share: float = 1.0) -> None:
         self.spec, self.config = spec, config
+        self.memory_share = memory_share  # of its device's memory budget: lanes on one device split it
         # The lane's own torch work is bookkeeping (the bootstrap intervals of `stats`). A pool sized for the
         # whole machine before `cores.reserve` narrowed this process onto the lanes' cores made those intervals
         # 0.55 s of each 71_Conv2d candidate on an H200 host, in a script that had used torch before starting
@@ -123,12 +125,19 @@ class EvalLane:
             self.refs.pop(problem.problem_id).close()
         self._park_all_but(None)
         self._evict(room_for_one=True)
-        cfg = self.config
-        ref = ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
-                            self.store, dict(self.spec.env)).open()
+        ref = self._open(problem, ref_log)
+        if self.refs and (ref.error and OUT_OF_MEMORY in ref.error or ref.residency and not ref.residency.fits):
+            ref.close()  # the references kept open hold memory this one needs: theirs back first, then once more
+            self.close()
+            ref = self._open(problem, ref_log)
         self.refs[problem.problem_id] = ref
         self._evict()
         return ref, True
+
+    def _open(self, problem: Problem, ref_log: Path) -> ReferenceSide:
+        cfg = self.config
+        return ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
+                             self.store, dict(self.spec.env), self.memory_share).open()
 
     def _park_all_but(self, active: ReferenceSide | None) -> None:
         for ref in self.refs.values():
@@ -183,7 +192,8 @@ class LocalBackend:
         specs = lane_specs(config.settings.device, gpus, count)
         if config.settings.device == "cuda":  # the timed processes on cores no build shares (`cores`)
             cores.reserve([spec.env for spec in specs])
-        return [EvalLane(spec, config) for spec in specs]
+        sharing = Counter(tuple(sorted(spec.env.items())) for spec in specs)  # lanes per device
+        return [EvalLane(spec, config, 1.0 / sharing[tuple(sorted(spec.env.items()))]) for spec in specs]
 
     def close(self) -> None:
         pass

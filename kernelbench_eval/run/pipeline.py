@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from kernelbench_eval import interrupts
 from kernelbench_eval.build import pch
 from kernelbench_eval.build.compile import BuildTampered, Compiled
 from kernelbench_eval.build.warmup import WarmupSpec
@@ -29,6 +30,7 @@ from kernelbench_eval.isolation.workerenv import prestart
 from kernelbench_eval.judge import baselines
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.records import Findings, RunManifest, Verdict, now_utc
+from kernelbench_eval.results import phases as account
 from kernelbench_eval.results.aggregates import verdict_context
 from kernelbench_eval.results.record import RunRecorder
 from kernelbench_eval.run import schedule
@@ -46,6 +48,7 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     backend = opts.observe(backend) if opts.observe else backend
     private.enter()  # then this process's temp files (references, workers' folders) go in a private folder
     sandbox.warn(sandbox.probe())  # what this machine lets candidates be confined with, said once up front
+    stopped: interrupts.Interrupted | None = None
     try:
         recorder, manifest = open_run(opts)
         found = found or discover(*manifest_dirs(manifest, recorder.run_dir), opts.only or manifest.only)
@@ -54,15 +57,28 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
         key = manifest.settings.key()
         todo = [c for c in found.candidates if (c.problem_id, c.candidate_id, c.source_sha256, key) not in done]
         session = _Session(opts, recorder, manifest, found, listen, backend)
-        session.judge_all(todo)
+        try:
+            with interrupts.deferred():  # a signal stops the work; nothing unfinished is recorded
+                session.judge_all(todo)
+        except interrupts.Interrupted as exc:
+            stopped = exc
     finally:
         backend.close()
+    phases = session.account.summary()
+    account.record(recorder.run_dir, phases)
     if recorder.finalize(manifest):
         session.warnings.append(f"{recorder.run_dir} was altered after the last verdict; restored")
     if session.store.repair():
         session.warnings.append(f"{session.store.path} was altered during the run; this run's entries restored")
+    if stopped is not None:
+        raise interrupts.Interrupted(stopped.signum, _unfinished(len(session.judged), len(todo)), recorder.run_dir)
     return RunResult(recorder.run_dir, recorder.load(), found.warnings + session.warnings,
-                     reused=len(found.candidates) - len(todo))
+                     reused=len(found.candidates) - len(todo), phases=phases)
+
+
+def _unfinished(recorded: int, todo: int) -> str:
+    """What an interrupted run says it recorded, and what it did not."""
+    return f"{recorded} of {todo} candidates judged and recorded, {todo - recorded} not judged (nothing recorded)"
 
 
 def _backend(opts: RunOptions) -> Backend:
@@ -91,6 +107,7 @@ class _Session:
         self.store = BaselineStore(opts.baselines_path())
         self.warnings: list[str] = []
         self.activity = _Activity()
+        self.account = account.Account()  # where the wall time goes (`account`)
         self.backend = backend
         self._record_lock = threading.Lock()
         self.judged: dict[tuple[str, str], Verdict] = {}
@@ -116,7 +133,7 @@ class _Session:
                                   partial(_near, lane)) for lane in lanes]
         try:
             schedule.drive(runnable, self._compile, jobs, work, key=lambda cand: cand.problem_id,
-                           hold=self.device == "cpu")
+                           hold=self.device == "cpu", stopped=interrupts.requested)
         finally:
             for lane in lanes:
                 lane.close()
@@ -135,7 +152,7 @@ class _Session:
         """Build one candidate; a failed build is recorded here and goes to no lane (None)."""
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
         started = time.perf_counter()
-        with self.activity:
+        with self.activity, self.account.phase("build"):
             try:
                 compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout,
                                                 self._warmup(cand))
@@ -151,15 +168,21 @@ class _Session:
         return None
 
     def _warmup(self, cand: Candidate) -> WarmupSpec:
-        """The inputs a Triton candidate's build-stage warm-up uses (`warmup.py`), on the first lane's GPU."""
+        """The inputs a Triton candidate's build-stage warm-up uses (`warmup.py`), on the first lane's GPU, and the
+        problem whose names every build's import sees: the verified private copy, never the user's file (which a
+        candidate's build could have edited under the next one)."""
         gpu = self.opts.gpus[0] if self.opts.gpus else None
-        return WarmupSpec.of(self.found.problems[cand.problem_id], self.manifest.settings, gpu)
+        try:
+            problem = self.references.problem(cand.problem_id)
+        except (OSError, ProblemChanged):
+            problem = self.found.problems[cand.problem_id]  # its reference says why, and its candidates are skipped
+        return WarmupSpec.of(problem, self.manifest.settings, gpu)
 
     def _evaluate(self, lane: LaneHandle, cand: Candidate, built: _Built) -> None:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "eval")
         ref_log = self.recorder.log_path(cand.problem_id, "_reference", "eval")
         started = time.perf_counter()
-        with self.activity:
+        with self.activity, self.account.phase("judge"):
             self._check_tampering(None)  # what happened before this candidate ran is not its doing
             alone = self.activity.snapshot()
             result = self._evaluate_safely(lane, cand, built, ref_log, log)
@@ -178,7 +201,8 @@ class _Session:
             problem = self.references.problem(problem_id)
         except (OSError, ProblemChanged):
             return  # each of its candidates is skipped with the reason when it comes
-        prepared = lane.prepare(problem, self.recorder.log_path(problem_id, "_reference", "eval"))
+        with self.account.phase("reference"):
+            prepared = lane.prepare(problem, self.recorder.log_path(problem_id, "_reference", "eval"))
         if prepared:
             self._note_reference(problem_id, prepared.warning, prepared.baseline_key)
 
@@ -223,8 +247,11 @@ class _Session:
         return True
 
     def _record(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None = None) -> None:
+        """Record a verdict, unless a stop was asked for: its workers may have been killed under it (the flag is
+        set before any kill, so findings a kill shaped are always made after it)."""
         with self._record_lock:  # lanes and compile threads record concurrently
-            self._record_locked(cand, seconds, findings, log)
+            if not interrupts.requested():
+                self._record_locked(cand, seconds, findings, log)
 
     def _record_locked(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None) -> None:
         rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None

@@ -53,7 +53,8 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
     work = Path(tempfile.mkdtemp(prefix="kbeval-profile-"))
     prob = Problem(problem_id=problem_path.stem, path=problem_path, source_sha256=sha256_file(problem_path))
     cand = make_candidate(prob, candidate_path)
-    common = dict(device=device, threads=threads, precision=precision, init_seed=seed, dims=dims or {})
+    common = dict(device=device, threads=threads, precision=precision, init_seed=seed, dims=dims or {},
+                  problem=str(problem_path.resolve()))  # the candidate's module sees the problem's names
     inputs = work / "inputs"
     inputs.mkdir()
     prepare = WorkerRequest(op="prepare", path=str(problem_path.resolve()), trial_seeds=[seed],

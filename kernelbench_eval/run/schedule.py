@@ -29,6 +29,7 @@ Item = TypeVar("Item")
 Built = TypeVar("Built")
 Near = Callable[[Item, Built], bool]  # whether a lane can judge this built item without fetching its build
 PATIENCE = 8  # times a ready item may be passed over for a nearer one before it is taken first
+STOP_POLL = 0.25  # seconds between looks at `stopped` while a lane waits for work
 
 
 @dataclass
@@ -53,7 +54,8 @@ class ReadyQueue(Generic[Item, Built]):
     """Compiled items waiting for a lane; `take` blocks until one is ready (or a key to prepare), or none will
     ever come."""
 
-    def __init__(self, items: Sequence[Item], key: Callable[[Item], Hashable], hold: bool = False) -> None:
+    def __init__(self, items: Sequence[Item], key: Callable[[Item], Hashable], hold: bool = False,
+                 stopped: Callable[[], bool] = lambda: False) -> None:
         self._ready: list[tuple[Item, Built]] = []
         self._passed: list[int] = []  # per ready entry: times it was passed over for a nearer one
         self._pending: Counter[Hashable] = Counter(key(item) for item in items)  # compiles not finished, per key
@@ -61,6 +63,7 @@ class ReadyQueue(Generic[Item, Built]):
         self._opened: set[Hashable] = set()  # keys a lane has taken or prepared: nothing to prepare there
         self._key = key
         self._hold = hold  # release nothing until every compile is done (CPU: compilers and timers share cores)
+        self._stopped = stopped  # once true, nothing more is handed out (an interrupt: `interrupts`)
         self._cond = threading.Condition()
 
     def finish(self, item: Item, built: Built | None) -> None:
@@ -79,6 +82,8 @@ class ReadyQueue(Generic[Item, Built]):
         with `prepare`, a key to open when none is ready (never with `hold`); None when everything is done."""
         with self._cond:
             while True:
+                if self._stopped():
+                    return None
                 if self._ready and not (self._hold and self._left):
                     at = self._choose(prefer, near)
                     del self._passed[at]
@@ -92,7 +97,7 @@ class ReadyQueue(Generic[Item, Built]):
                     if waiting is not None:
                         self._opened.add(waiting)
                         return Prepare(waiting)
-                self._cond.wait()
+                self._cond.wait(STOP_POLL)
 
     def _choose(self, prefer: Sequence[Hashable], near: Near | None) -> int:
         """The index to take: the oldest of the first preferred key that has one (else of all), the oldest near
@@ -118,19 +123,21 @@ class ReadyQueue(Generic[Item, Built]):
 
 def drive(items: Sequence[Item], build: Callable[[Item], Built | None], jobs: int,
           lanes: Sequence[Callable[[Item, Built], None] | LaneJobs[Item, Built]], key: Callable[[Item], Hashable],
-          hold: bool = False) -> None:
+          hold: bool = False, stopped: Callable[[], bool] = lambda: False) -> None:
     """Build every item (`jobs` at a time) and hand each built one to a free lane; return when all are done.
 
     A lane that raises stops (the others go on with the rest) and its exception is raised at the end: a
-    harness bug must not pass silently, nor leave the run hanging.
+    harness bug must not pass silently, nor leave the run hanging. Once `stopped()` is true no build starts and
+    no lane takes more work, so the run ends as soon as the work in hand does.
     """
-    queue: ReadyQueue[Item, Built] = ReadyQueue(items, key, hold)
+    queue: ReadyQueue[Item, Built] = ReadyQueue(items, key, hold, stopped)
     errors: list[BaseException] = []
 
     def build_one(item: Item) -> None:
         built = None
         try:
-            built = build(item)
+            if not stopped():
+                built = build(item)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -135,7 +135,8 @@ def selftest(problems_dir: Path, problems: dict[str, Problem], settings: RunSett
             raise FileNotFoundError(f"{problems_dir}: no problems to self-test")
         ids = [c.problem_id for c in copies]
         opts = RunOptions(problems_dir=problems_dir, candidates_dir=candidates, settings=settings,
-                          results_dir=results_dir or Path(tmp) / "results", only=ids, lanes=1, **options)
+                          results_dir=results_dir or Path(tmp) / "results", only=ids,
+                          lanes=1 if settings.device == "cpu" else None, **options)  # a lane per GPU
         result = run(opts, found=Discovery(problems=problems, candidates=copies, warnings=[]))
     return summarize([v for v in result.verdicts if v.candidate == CANDIDATE_ID])
 

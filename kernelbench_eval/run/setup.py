@@ -60,6 +60,7 @@ class RunResult:
     verdicts: list[Verdict]
     warnings: list[str]
     reused: int
+    phases: dict[str, object] | None = None  # where this session's wall time went (`account`)
 
 
 Listener = Callable[[Verdict], None]  # called with each verdict the moment it is recorded

@@ -30,6 +30,8 @@ class CandidateOps:
     exchange: Exchange | None
     kept: list[list[Any]]
     pool: ExchangePool | None
+    placements: int
+    rotation: Any
     placed: list[list[Slot]]  # per call of the current block: where its outputs lie in the exchange
     held: list[list[Any]]  # per call of the current block: its outputs left in the pool area, kept alive until checked
     spans: list[tuple[int, int, int]]  # (call, begin, end): the exchange bytes those outputs occupy
@@ -37,6 +39,8 @@ class CandidateOps:
 
     def op_attach(self, req: WorkerRequest) -> WorkerReply:
         assert req.exchange is not None
+        if req.placements:
+            self.placements = req.placements  # as many live input buffers as the checker's (the memory plan)
         self.exchange = Exchange.attach(req.exchange, self.device)
         if req.exchange.kind == "cuda_ipc" and req.exchange.pool_offset and self.device == "cuda":
             try:
@@ -49,6 +53,9 @@ class CandidateOps:
     def op_take(self, req: WorkerRequest) -> WorkerReply:
         """Copy input set `name` out of the exchange into tensors of this process's own."""
         assert self.exchange is not None
+        if req.drop:  # the sets it held are done with: their memory goes before this one comes (`memory`)
+            self.leave_timing()  # type: ignore[attr-defined]
+            self.sets, self.rotation = {}, None
         self.sets[req.name or ""] = self.exchange.read(req.slots, self.device)
         _sync(self.device)
         return WorkerReply(ok=True)
@@ -69,6 +76,9 @@ class CandidateOps:
         self._copy_in(outs, metas, req.slots)
         pairs = zip(inputs, pristine, strict=True)
         mutated = any(isinstance(x, torch.Tensor) and not torch.equal(x, p) for x, p in pairs)
+        del inputs, out, outs, pairs
+        if req.sentinel is not None and self.device == "cuda":  # the sentinel fill's blocks (4x the inputs) go
+            torch.cuda.empty_cache()  # back to the device: cached here, they were memory the checker could not have
         return WorkerReply(ok=True, outputs=metas, mutated_inputs=mutated, launch_error=launch_error)
 
     def exchange_keeper(self, layout: list[list[Slot]], first: int) -> timing.Keeper:

@@ -38,6 +38,43 @@ def _memory_bytes(device: str) -> int | None:
         return None
 
 
+def free_memory(device: str) -> int | None:
+    """Bytes free on the device now (CUDA: the driver's count, other processes' use excluded; CPU: the host's
+    available memory); None where it is not reported."""
+    if device == "cuda":
+        return int(_torch().cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (CUDA's, or the host's)."""
+    oom = getattr(_torch(), "OutOfMemoryError", None)
+    text = str(exc)
+    return isinstance(exc, MemoryError) or (oom is not None and isinstance(exc, oom)) or (
+        isinstance(exc, RuntimeError) and any(s in text for s in ("out of memory", "not enough memory",
+                                                                  "can't allocate memory")))
+
+
+def peak_memory(device: str, reset: bool = False) -> int:
+    """This process's peak memory so far (CUDA: the allocator's, on the device, `reset` starting it again at what
+    is held now; CPU: the peak resident size, which cannot be reset)."""
+    if device == "cuda":
+        torch = _torch()
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _nbytes(x: Any) -> int:
     torch = _torch()
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
@@ -53,7 +90,7 @@ def fill_free_memory(device: str, byte: int, hint_bytes: int) -> None:
     size = max(4 * hint_bytes, 64 << 20)
     if device == "cuda":
         torch.cuda.synchronize()
-        size = min(size, torch.cuda.mem_get_info()[0] // 2)
+        size = min(size, torch.cuda.mem_get_info()[0] // 4)  # the checker and the model need the rest
     blocks = [torch.full((size,), byte, dtype=torch.uint8, device=device)]
     blocks += [torch.full((s,), byte, dtype=torch.uint8, device=device) for s in (512, 4096, 65536, 524288) * 16]
     _sync(device)

@@ -28,8 +28,9 @@ from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
 from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.worker import namespace
 from kernelbench_eval.worker.candidate import CandidateOps
-from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch
+from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch, peak_memory
 from kernelbench_eval.worker.reference import ReferenceOps
 from kernelbench_eval.worker.timed import TimingOps
 
@@ -59,6 +60,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
         self.overwrote: list[int] = []
         self.rotation: timing.Rotation | None = None
         self.rotation_sets: tuple[str, ...] = ()
+        self.placements = timing.PLACEMENTS  # CUDA: live input buffers of the timed calls (the memory plan's)
         self.kept: list[list[Any]] = []
         self.store: list[list[Any]] = []  # the checker's per-call output storage while timed (see store_keeper)
         self.replay: Any = None
@@ -72,7 +74,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
     # -- ops both roles use --------------------------------------------------------------------------
 
     def op_import(self, req: WorkerRequest) -> WorkerReply:
-        module = self._module(req.path)
+        module = self._module(req.path, req.problem, req.dims)
         if req.class_name and not isinstance(getattr(module, req.class_name, None), type):
             return WorkerReply(ok=False, error_kind="load_error", error=_missing_class(module, req))
         return WorkerReply(ok=True, torch_version=_torch().__version__)
@@ -82,7 +84,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
         if req.threads:
             torch.set_num_threads(req.threads)
         self.device = req.device or "cpu"
-        module = self._module(req.path)
+        module = self._module(req.path, req.problem, req.dims)
         cls = getattr(module, req.class_name or "", None)
         if not isinstance(cls, type):
             return WorkerReply(ok=False, error_kind="load_error", error=_missing_class(module, req))
@@ -123,7 +125,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
 
         problem = self._module(req.problem)  # the harness's file: its failure is no candidate's
         try:
-            reply = warm_up(self._module(req.path), problem, req)
+            reply = warm_up(self._module(req.path, req.problem, req.dims), problem, req)
         except Exception as exc:
             traceback.print_exc()
             status, message = classify(exc)
@@ -134,15 +136,36 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _module(self, path: str | None) -> Any:
-        if path not in self.modules:
+    def _module(self, path: str | None, problem: str | None = None, dims: dict[str, int | float] | None = None) -> Any:
+        """The module in `path`, imported once. With `problem` (a model's load, a candidate's import) the problem is
+        sized by `dims`, and a candidate's module starts with the problem's top-level names, as KernelBench's
+        evaluation gives them (`namespace`)."""
+        shared = problem is not None and problem != path
+        names = self._problem_names(problem, dims or {}) if shared else {}
+        key = f"{path}\0{problem}" if shared else path
+        if key not in self.modules:
             name = f"kbeval_module_{len(self.modules)}"
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
+            module.__dict__.update(names)
             sys.modules[name] = module
             spec.loader.exec_module(module)
-            self.modules[path] = module
-        return self.modules[path]
+            self.modules[key] = module
+        if problem is not None and not shared:  # the problem's own Model, built with the run's sizes
+            namespace.set_dims(self.modules[key], dims or {})
+        return self.modules[key]
+
+    def _problem_names(self, problem: str, dims: dict[str, int | float]) -> dict[str, Any]:
+        """The problem's names with `dims` set; none when it does not import (the reference's own load says why,
+        and its candidates are not judged)."""
+        try:
+            module = self._module(problem)
+        except Exception as exc:
+            print(f"kbeval: the problem's names are not given to the candidate: it does not import: {_one_line(exc)}",
+                  file=sys.stderr, flush=True)
+            return {}
+        namespace.set_dims(module, dims)
+        return namespace.problem_names(module)
 
 
 def _missing_class(module: Any, req: WorkerRequest) -> str:
@@ -213,10 +236,19 @@ def serve(reply_fd: int) -> None:
                 status = "load_error"
             reply = WorkerReply(ok=False, error_kind=status, error=message)
         reply.seconds = time.perf_counter() - started
+        if req.op != "time":  # (a timed call's reply carries nothing it does not need)
+            reply.peak_bytes = _peak(worker.device)
         sys.stdout.flush()
         _write_all(reply_fd, (reply.model_dump_json(exclude_defaults=True) + "\n").encode())
         if worker.device == "cuda" and req.op in NEXT_CALL_S:  # the next timed call is on its way
             poll_readable(sys.stdin.fileno(), NEXT_CALL_S[req.op])
+
+
+def _peak(device: str) -> int | None:
+    """The worker's peak memory so far (`peak_memory`), without starting CUDA where nothing has."""
+    if device == "cuda" and not _torch().cuda.is_initialized():
+        return None
+    return peak_memory(device)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -14,14 +14,18 @@ from typing import Any
 
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.judge import flush, timing
-from kernelbench_eval.judge.check import compare_outputs, degenerate_outputs
+from kernelbench_eval.judge.check import compare_outputs
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_inputs
+from kernelbench_eval.judge.truth import Truth, stand_in
 from kernelbench_eval.messages import CheckResult, Slot, TensorMeta, WorkerReply, WorkerRequest
-from kernelbench_eval.worker.common import _describe, _meta, _nbytes, _sync, _torch, as_list
+from kernelbench_eval.records import PrecisionCheck
+from kernelbench_eval.worker.common import _describe, _meta, _nbytes, _sync, _torch, as_list, free_memory, out_of_memory
+from kernelbench_eval.worker.draws import draw_inputs  # noqa: F401 (where tests and older callers import it)
+from kernelbench_eval.worker.trials import TrialOps, _release
 
 
-class ReferenceOps:
+class ReferenceOps(TrialOps):
     """Mixed into `worker.Worker`; these ops are only ever sent to a reference's worker."""
 
     device: str
@@ -33,7 +37,11 @@ class ReferenceOps:
     rotation: timing.Rotation | None
 
     def op_prepare(self, req: WorkerRequest) -> WorkerReply:
-        """Apply size overrides, write the init arguments, and make one input set per secret seed (kept here)."""
+        """Apply size overrides, write the init arguments, and learn how to make one input set per secret seed.
+
+        Only the first trial's set is drawn now (its sizes are the problem's footprint); the others are drawn
+        when `op_expect` has planned what stays resident (`memory`), and again whenever one not kept is needed:
+        one seed always gives one set."""
         keep_memory_private()  # secrets from here on: no same-user process may read this one's memory
         torch = _torch()
         module = self._module(req.path)  # type: ignore[attr-defined]
@@ -43,45 +51,34 @@ class ReferenceOps:
         for name, value in req.dims.items():
             if hasattr(module, name):
                 setattr(module, name, value)
+        self.free_at_start = free_memory(req.device or "cpu")
         out_dir = Path(req.inputs_dir or ".")
         torch.save(cast_inputs(module.get_init_inputs(), req.precision), out_dir / "init.pt")
-        named = [(f"trial{k}", s) for k, s in enumerate(req.trial_seeds)]
-        named += [(f"timing{k}", s) for k, s in enumerate(req.timing_seeds)]
+        self.set_seeds = {f"trial{k}": s for k, s in enumerate(req.trial_seeds)}
+        self.set_seeds |= {f"timing{k}": s for k, s in enumerate(req.timing_seeds)}
+        self.draw_from = (module.get_inputs, req.device or "cpu", req.precision)
+        names = list(self.set_seeds) if req.save_inputs else list(self.set_seeds)[:1]
         inputs: list[Any] = []
-        for name, seed in named:
-            inputs = cast_inputs(draw_inputs(module.get_inputs, seed, req.device or "cpu"), req.precision)
-            self.sets[name] = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
-            if req.save_inputs:
-                torch.save(inputs, out_dir / f"{name}.pt")
+        self.input_bytes = 0
+        try:
+            for name in names:
+                inputs = self.sets[name] = self.draw(name)
+                self.input_bytes = sum(_nbytes(x) for x in inputs)
+                if req.save_inputs:
+                    torch.save(inputs, out_dir / f"{name}.pt")
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            self.sets = {}
+            return WorkerReply(ok=False, error_kind="runtime_error", error=self._too_big(exc))
         return WorkerReply(ok=True, input_shapes=[_describe(x) for x in inputs], torch_version=torch.__version__,
-                           input_bytes=sum(_nbytes(x) for x in inputs))
-
-    def op_expect(self, req: WorkerRequest) -> WorkerReply:
-        """Move the input sets to the device (those drawn on the CPU) and compute every trial's expected outputs."""
-        torch = _torch()
-        self.atol, self.rtol = req.atol, req.rtol
-        for name, inputs in self.sets.items():
-            self.sets[name] = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-        self.expected: list[list[Any]] = []
-        self.expected_metas: list[list[TensorMeta]] = []
-        model = self.models["main"]
-        with torch.no_grad():
-            for trial in range(len(req.trial_seeds)):
-                outs = as_list(model(*[_clone(x) for x in self.sets[f"trial{trial}"]]))
-                _sync(self.device)
-                if not all(type(o) is torch.Tensor for o in outs):
-                    return WorkerReply(ok=False, error_kind="load_error",
-                                       error="the reference returned something other than tensors")
-                self.expected.append([o.detach() for o in outs])
-                self.expected_metas.append([_meta(o) for o in outs])
-        warning = degenerate_outputs(self.expected[0], self.atol, self.rtol) if self.expected else None
-        return WorkerReply(ok=True, expected=self.expected_metas, warning=warning)
+                           input_bytes=self.input_bytes)
 
     def op_park(self, req: WorkerRequest) -> WorkerReply:
         """Another problem's candidates are judged on this lane meanwhile: free what only a timing needed (the
         last block's outputs and their storage, the allocator's cached blocks); the input sets and expected
         outputs stay."""
-        self.kept, self.store = [], []
+        self.kept, self.store, self.recent = [], [], None
         if self.device == "cuda":
             flush.release_flush()
             if self.rotation is not None:
@@ -103,8 +100,11 @@ class ReferenceOps:
     def op_put(self, req: WorkerRequest) -> WorkerReply:
         """Write input set `name` into the exchange, for the candidate to copy out."""
         assert self.exchange is not None
-        slots = self.exchange.write(self.sets[req.name or ""])
+        drawn = req.name not in self.sets  # not kept: drawn again for this, and let go after
+        slots = self.exchange.write(self.inputs(req.name or ""))
         _sync(self.device)
+        if drawn:
+            _release(self.device)
         return WorkerReply(ok=True, slots=slots)
 
     def store_keeper(self, first: int, calls: int) -> timing.Keeper:
@@ -115,9 +115,9 @@ class ReferenceOps:
         on a CPU means new pages: an A/A test then found the reference 1.5-1.9x slower than its own copy.
         `first`: the block's call index of this request's first call."""
         torch = _torch()
-        template = self.expected[0] if getattr(self, "expected", None) else []
+        template = getattr(self, "expected_metas", None) or [[]]
         while len(self.store) < first + calls:
-            self.store.append([torch.empty_like(e) if isinstance(e, torch.Tensor) else None for e in template])
+            self.store.append([_empty(m, self.device) for m in template[0]])
 
         def keeper(call: int, out: Any) -> Callable[[], list[Any]]:
             outs, slots = as_list(out), self.store[first + call]
@@ -142,25 +142,38 @@ class ReferenceOps:
         return keeper
 
     def op_compare(self, req: WorkerRequest) -> WorkerReply:
-        """Trial `trial`: the candidate's outputs, as it described them and as they lie in the exchange."""
-        return WorkerReply(ok=True, check=self._compare(self.expected[req.trial], self.expected_metas[req.trial],
-                                                        req.slots, req.outputs))
+        """Trial `trial`: the candidate's outputs, as it described them and as they lie in the exchange; where the
+        trial has a float64 truth, against it too (reductions; trial 0's precision figures, or why there are none)."""
+        truths = self.truths[req.trial] if req.trial < len(getattr(self, "truths", [])) else None
+        check = self._compare(self.expected_outputs(req.trial), self.expected_metas[req.trial], req.slots,
+                              req.outputs, truths)
+        if req.trial == 0 and check.passed and check.precision is None:
+            check.precision = PrecisionCheck(note=self.truth_note or "no floating output to measure")
+        return WorkerReply(ok=True, check=check)
 
     def op_compare_timed(self, req: WorkerRequest) -> WorkerReply:
-        """Every listed call of the last timed block, in full, against this worker's own outputs of that call."""
+        """Every listed call of the last timed block, in full, against this worker's own outputs of that call; where
+        trial 0 had a float64 truth, also against the reference's output standing in for it (`truth.stand_in`: the
+        reduction bound, and the precision figure: the block's largest)."""
         worst = CheckResult(passed=True, max_abs_diff=0.0, mean_abs_diff=0.0)
+        models = self.truths[0] if getattr(self, "truths", None) else None
         for call, slots, metas in zip(req.calls, req.layout, req.metas, strict=True):
             expected = self.kept[call]
-            result = self._compare(expected, [_meta(e) for e in expected], slots, metas)
+            truths = [stand_in(e, m) if m is not None and isinstance(e, _torch().Tensor) else None
+                      for e, m in zip(expected, models, strict=False)] if models else None
+            result = self._compare(expected, [_meta(e) for e in expected], slots, metas, truths)
             if not result.passed:
                 result.error = f"timed call {call}: {result.error}"
                 return WorkerReply(ok=True, check=result)
             worst.max_abs_diff = max(worst.max_abs_diff or 0.0, result.max_abs_diff or 0.0)
             worst.mean_abs_diff = max(worst.mean_abs_diff or 0.0, result.mean_abs_diff or 0.0)
+            if result.precision is not None and (worst.precision is None or (result.precision.candidate_error or 0)
+                                                 > (worst.precision.candidate_error or 0)):
+                worst.precision = result.precision
         return WorkerReply(ok=True, check=worst)
 
     def _compare(self, expected: list[Any], expected_metas: list[TensorMeta], slots: list[Slot],
-                 metas: list[TensorMeta]) -> CheckResult:
+                 metas: list[TensorMeta], truths: list[Truth | None] | None = None) -> CheckResult:
         assert self.exchange is not None
         # on a GPU run over a shared file (CUDA IPC refused), the outputs are brought to the expected ones' device
         got: list[Any] = []
@@ -170,34 +183,18 @@ class ReferenceOps:
             except (ValueError, RuntimeError) as exc:  # a slot outside the exchange or misaligned (the harness
                 # checks first; what a candidate reported is never trusted here either)
                 return CheckResult(passed=False, error=str(exc))
-        result = compare_outputs(expected, expected_metas, got, metas, self.atol, self.rtol)
+        result = compare_outputs(expected, expected_metas, got, metas, self.atol, self.rtol, truths)
+        figures = None
+        if result.precision is not None:
+            output, error, ref_error = result.precision
+            figures = PrecisionCheck(candidate_error=error, reference_error=ref_error, output=output)
         return CheckResult(passed=result.passed, max_abs_diff=result.max_abs_diff,
-                           mean_abs_diff=result.mean_abs_diff, error=result.error)
+                           mean_abs_diff=result.mean_abs_diff, error=result.error, precision=figures)
 
 
-def draw_inputs(get_inputs: Callable[[], Any], seed: int, device: str) -> list[Any]:
-    """The problem's input set for `seed`, made on `device` directly where its `get_inputs` allows, else on the CPU.
-
-    Why: drawn on the CPU and copied over, a GPU run's sets cost seconds of one CPU thread's random numbers
-    (problem 45: eight sets of 128 MB) before the first candidate; drawn on the GPU, milliseconds. A
-    `get_inputs` that fails there (numpy, `.tolist()`) or makes any tensor elsewhere on purpose is drawn again
-    on the CPU from the same seed, as before (moved to the device with the expected outputs). Either way one
-    seed gives one set: each generator is deterministic for its seed.
-    """
+def _empty(meta: TensorMeta, device: str) -> Any:
+    """Storage shaped as an output `meta` describes (None where it was no tensor)."""
     torch = _torch()
-    if device != "cpu":
-        torch.manual_seed(seed)  # every device's generator
-        try:
-            with torch.device(device):
-                drawn = list(get_inputs())
-        except Exception:
-            drawn = None
-        if drawn is not None and all(x.device.type == torch.device(device).type
-                                     for x in drawn if isinstance(x, torch.Tensor)):
-            return drawn
-    torch.manual_seed(seed)
-    return list(get_inputs())
-
-
-def _clone(x: Any) -> Any:
-    return x.clone() if hasattr(x, "clone") else x
+    if not meta.exact_tensor or meta.dtype is None:
+        return None
+    return torch.empty(meta.shape or [], dtype=getattr(torch, meta.dtype.removeprefix("torch.")), device=device)

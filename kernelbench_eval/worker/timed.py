@@ -30,6 +30,7 @@ class TimingOps:
     pool: ExchangePool | None
     rotation: timing.Rotation | None
     rotation_sets: tuple[str, ...]
+    placements: int
     kept: list[list[Any]]
     placed: list[list[Slot]]
     held: list[list[Any]]
@@ -54,7 +55,7 @@ class TimingOps:
         if self.rotation is None or self.rotation_sets != names:
             self.leave_timing()  # the new buffers must not come from the exchange's pool
             self.rotation = timing.Rotation([self.sets[n] for n in names],
-                                            timing.PLACEMENTS if self.device == "cuda" else 1)
+                                            self.placements if self.device == "cuda" else 1)
             self.rotation_sets = names
         model = self.models[req.model]
         # the candidate's outputs stay in the exchange's pool area or are copied into the exchange; the
@@ -67,7 +68,8 @@ class TimingOps:
             self.kept, self.placed, self.held, self.spans, self.overwrote = [], [], [], [], []
         self._enter_timing(pooled)
         if req.warmup:  # outside the pool: see `timing.warm_up`
-            timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds, self.device)
+            self.settled.launch_ms += timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds,
+                                                     self.device)
         if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
             self.replay, self.graph_error = cudagraph.capture_graph(model, self.rotation)
         keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
@@ -76,10 +78,11 @@ class TimingOps:
         placement = 0 if replay else req.placement
         if req.overlap and self.device == "cuda" and len(req.schedule) == 1:
             self.pending = timing.launch(model, self.rotation, req.schedule[0], 0, keeper, replay, placement,
-                                         early=True)
+                                         early=True, cover_s=req.cover_s)
             metas = [[_meta(o) for o in as_list(self.pending.out)]]
         else:
-            block = timing.time_block(model, self.rotation, req.schedule, self.device, replay, keeper, placement)
+            block = timing.time_block(model, self.rotation, req.schedule, self.device, replay, keeper, placement,
+                                      req.cover_s)
             self.kept += block.kept
             self.settled.extend(block)
             metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in kept] for kept in block.kept]
@@ -109,6 +112,7 @@ class TimingOps:
         done, self.settled = self.settled, timing.Block()
         reply.samples_ms, reply.device_ms, reply.gate_ms, reply.late = (done.event_ms, done.device_ms, done.gate_ms,
                                                                         done.late)
+        reply.launch_ms = done.launch_ms
         return reply
 
     def _enter_timing(self, pooled: ExchangePool | None) -> None:

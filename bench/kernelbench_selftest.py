@@ -1,0 +1,142 @@
+"""KernelBench's own problems, judged against themselves: `kbeval selftest` over levels 1-3 at a given commit.
+
+Two steps, because the GPU machine reaches no network:
+
+    # here, from a KernelBench checkout or the git folder `fetch` brings (never committed to this project):
+    python3 bench/kernelbench_selftest.py export --kb /work/.mirror/ScalingIntelligence+KernelBench/repo \
+        --commit HEAD --to .kb/current
+    python3 bench/kernelbench_selftest.py export --kb ... --commit c6c4ab6 --to .kb/2025-01
+    # there (carry .kb): every level's problems judged against an identical copy, one lane per GPU
+    python3 bench/kernelbench_selftest.py run --problems .kb/current --label current --out $OUT/current
+
+`run` writes `selftest.json` (every row) and `table.md` (problem, status, speedup, interval, peak memory of the
+checker's and the copy's workers, lane seconds) under `--out`, and prints the two lines docs/benchmarks.md
+takes: `kernelbench_<label>_selftest_ok: N/M` counts a problem as passing when its copy is `ok` at a speedup
+within [0.97, 1.03] with an interval that holds 1.0 (issue 34). Options after `--` go to `kbeval selftest`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LEVELS = ("level1", "level2", "level3")
+NOTICE = "Problems from KernelBench (https://github.com/ScalingIntelligence/KernelBench), MIT licence, commit {}.\n"
+SPEEDUP_RANGE = (0.97, 1.03)
+
+
+def export(kb: Path, commit: str, to: Path) -> None:
+    """Every problem of levels 1-3 at `commit`, as `to/levelN/<id>.py`, read with git (no work tree needed)."""
+    git = ["git", f"--git-dir={kb / '.git' if (kb / '.git').exists() else kb}"]
+    full = subprocess.run([*git, "rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
+    names = subprocess.run([*git, "ls-tree", "-r", "--name-only", full, "KernelBench/"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    count = 0
+    for name in names:
+        parts = Path(name).parts
+        if len(parts) == 3 and parts[1] in LEVELS and name.endswith(".py"):
+            dest = to / parts[1] / parts[2]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(subprocess.run([*git, "show", f"{full}:{name}"], capture_output=True, check=True).stdout)
+            count += 1
+    (to / "NOTICE").write_text(NOTICE.format(full))
+    print(f"{count} problems of {', '.join(LEVELS)} at {full[:10]} in {to}")
+
+
+def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float) -> int:
+    """`kbeval selftest` level by level (ids repeat across levels); rows and the summary line, rewritten after each
+    level (a level cut off by `deadline` seconds is said so, the others kept)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    started = time.monotonic()
+    for level in LEVELS:
+        folder = problems / level
+        if not folder.is_dir():
+            continue
+        results = out / f"results-{level}"
+        cmd = [sys.executable, "-m", "kernelbench_eval", "selftest", "--problems", str(folder), "--json",
+               "--out", str(results), *extra]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ,
+                                  PYTHONUNBUFFERED="1"), timeout=max(1.0, deadline - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            print(f"{level}: cut off at the {deadline:.0f} s deadline")
+            continue
+        (out / f"{level}.log").write_text(proc.stdout + proc.stderr)
+        try:
+            summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+        except ValueError:
+            print(f"{level}: selftest gave no JSON (exit {proc.returncode}); see {out / f'{level}.log'}")
+            continue
+        verdicts = {}
+        for path in results.glob("*/verdicts.jsonl"):
+            for line in path.read_text().splitlines():
+                v = json.loads(line)
+                verdicts[v["problem"]] = v
+        for row in summary["rows"]:
+            v = verdicts.get(row["problem"], {})
+            memory = v.get("memory") or {}
+            rows.append(row | {"level": level, "lane_seconds": v.get("wall_seconds"),
+                               "reference_peak_bytes": memory.get("reference_peak_bytes"),
+                               "candidate_peak_bytes": memory.get("candidate_peak_bytes"),
+                               "memory_fits": memory.get("fits"), "timing": v.get("timing")})
+        print(f"{level}: {summary['not_ok']} not ok, {summary['excluded']} intervals exclude 1 "
+              f"(at most {summary['allowed']} by chance), {len(summary['rows'])} problems, "
+              f"{time.monotonic() - started:.0f} s", flush=True)
+        (out / "selftest.json").write_text(json.dumps({"label": label, "rows": rows,
+                                                      "seconds": time.monotonic() - started}, indent=1))
+        (out / "table.md").write_text("\n".join(table(rows)) + "\n")
+    passing = [r for r in rows if passes(r)]
+    print(f"kernelbench_{label}_selftest_ok: {len(passing)}/{len(rows)}")
+    return 0 if rows and len(passing) == len(rows) else 1
+
+
+def passes(row: dict) -> bool:
+    ci = row.get("ci")
+    return (row["status"] == "ok" and row.get("speedup") is not None
+            and SPEEDUP_RANGE[0] <= row["speedup"] <= SPEEDUP_RANGE[1] and bool(ci) and ci[0] <= 1.0 <= ci[1])
+
+
+def table(rows: list[dict]) -> list[str]:
+    def gb(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1e9:.2f}"
+
+    out = ["| level | problem | status | speedup | 95% interval | checker peak GB | copy peak GB | lane s | pass |",
+           "|---|---|---|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        ci = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r.get("ci") else "-"
+        speed = f"{r['speedup']:.3f}" if r.get("speedup") is not None else "-"
+        note = "" if passes(r) else f" {(r.get('error') or '')[:80]}"
+        out.append(f"| {r['level']} | {r['problem']} | {r['status']} | {speed} | {ci} | "
+                   f"{gb(r.get('reference_peak_bytes'))} | {gb(r.get('candidate_peak_bytes'))} | "
+                   f"{r.get('lane_seconds') or '-'} | {'yes' if passes(r) else 'no'}{note} |")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="step", required=True)
+    ex = sub.add_parser("export", help="write levels 1-3 of a KernelBench commit to a folder")
+    ex.add_argument("--kb", type=Path, required=True, help="a KernelBench checkout or git folder")
+    ex.add_argument("--commit", default="HEAD")
+    ex.add_argument("--to", type=Path, required=True)
+    go = sub.add_parser("run", help="kbeval selftest over an exported folder")
+    go.add_argument("--problems", type=Path, required=True)
+    go.add_argument("--label", default="current")
+    go.add_argument("--out", type=Path, required=True)
+    go.add_argument("--deadline", type=float, default=3600.0, help="seconds for all levels together")
+    args, extra = parser.parse_known_args()
+    if args.step == "export":
+        export(args.kb, args.commit, args.to)
+        return 0
+    return run(args.problems, args.label, args.out, [a for a in extra if a != "--"], args.deadline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

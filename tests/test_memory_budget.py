@@ -1,0 +1,171 @@
+"""Issue 34: the memory budget. The plan is a pure function tested on known sizes (KernelBench's 23_Softmax at
+its current size among them); a forced small budget makes the checker draw input sets again and compute expected
+outputs again, with the verdicts of an unconstrained run; a reference that cannot fit is `skipped` with the
+sizes, a candidate that runs out where the reference fits is a `runtime_error` naming memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import pythonpath
+
+from kernelbench_eval.judge import memory
+from kernelbench_eval.judge.memory import Footprint, parse_bytes, peak_bytes, plan
+
+GB = 10**9
+
+# 23_Softmax at KernelBench's current size: batch 4096 x dim 393216 fp32, one input and one output of 6.4 GB
+SOFTMAX = Footprint(input_bytes=6_442_450_944, output_bytes=6_442_450_944, transient_bytes=0, trials=5,
+                    timing_sets=3, placements=2)
+
+
+def test_small_problems_keep_everything() -> None:
+    fp = Footprint(input_bytes=64 << 20, output_bytes=64 << 20, transient_bytes=0, trials=5, timing_sets=3,
+                   placements=2)
+    got = plan(fp, 80 * GB)
+    assert (got.trial_inputs, got.expected, got.timing_sets, got.placements, got.fits) == (True, True, 3, 2, True)
+
+
+def test_softmax_at_full_size_fits_an_80_gb_card_by_dropping_in_order() -> None:
+    """Everything resident would be ~135 GB; on an H100 (80 GB, ~72 GB budget) trial inputs go, then expected
+    outputs, then the second placement, then timing bases, until it fits."""
+    everything = peak_bytes(SOFTMAX, True, True, 3, 2)
+    assert everything > 120 * GB
+    got = plan(SOFTMAX, int(0.9 * 80 * GB))
+    assert got.fits and not got.trial_inputs and not got.expected
+    assert got.need_bytes <= 0.9 * 80 * GB
+    # three bases and one placement: 4 x 6.4 GB live in each worker, 3 x 6.4 more in the checker (kept, copy,
+    # exchange) and 1 x 6.4 in the candidate, 77.8 GB in all: over; two bases: 65 GB
+    assert (got.timing_sets, got.placements) == (2, 1)
+    on_h200 = plan(SOFTMAX, int(0.9 * 140 * GB))
+    assert on_h200.fits and on_h200.expected and not on_h200.trial_inputs and on_h200.placements == 2
+
+
+def test_a_budget_below_the_least_plan_says_it_does_not_fit() -> None:
+    got = plan(SOFTMAX, 10 * GB)
+    assert not got.fits
+    assert (got.trial_inputs, got.expected, got.timing_sets, got.placements) == (False, False, 1, 1)
+    assert got.need_bytes == peak_bytes(SOFTMAX, False, False, 1, 1) > 10 * GB
+
+
+def test_the_plan_counts_a_block_of_outputs() -> None:
+    """A block's outputs are held four times (the checker's kept outputs and its copies, the exchange, the
+    candidate's), up to the cap a block is sized by."""
+    one = Footprint(input_bytes=GB, output_bytes=GB, transient_bytes=0, trials=1, timing_sets=1)
+    three = Footprint(input_bytes=GB, output_bytes=GB, transient_bytes=0, trials=1, timing_sets=1,
+                      block_bytes=memory.block_bytes(GB, "cuda"))
+    assert memory.block_bytes(GB, "cuda") == 3 << 30 and memory.block_bytes(GB, "cpu") == GB
+    assert memory.block_bytes(1 << 20, "cpu") == 10 << 20
+    assert peak_bytes(three, False, False, 1, 1) - peak_bytes(one, False, False, 1, 1) == 4 * ((3 << 30) - GB)
+
+
+def test_budget_text() -> None:
+    assert parse_bytes("512M") == 512 << 20 and parse_bytes("2G") == 2 << 30 and parse_bytes("1.5GiB") == 3 << 29
+    assert parse_bytes("4096") == 4096
+    with pytest.raises(ValueError, match=memory.BUDGET_VAR):
+        parse_bytes("lots")
+
+
+# --- end to end on the CPU ------------------------------------------------------------------------------------
+
+PROBLEM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+batch_size = 64
+n = 32
+
+
+def get_inputs():
+    return [torch.randn(batch_size, n)]
+
+
+def get_init_inputs():
+    return [n]
+'''
+
+HONEST = PROBLEM.split("\n\n\nbatch_size")[0].replace("class Model(", "class ModelNew(") + "\n"
+# right for its first four calls (trials 0 and 1, twice each), then wrong: fails on trial 2, whose expected outputs
+# a constrained checker computes again when it needs them
+LATE = HONEST.replace("    def forward(self, x):\n        return torch.tanh(self.fc(x))", '''    calls = 0
+
+    def forward(self, x):
+        ModelNew.calls += 1
+        out = torch.tanh(self.fc(x))
+        return out if ModelNew.calls <= 4 else out + 0.5''')
+GREEDY = HONEST.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
+                                                                   "        return torch.tanh(self.fc(x))")
+TOO_BIG = PROBLEM.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
+                                                                    "        return torch.tanh(self.fc(x))")
+
+ARGS = ("--device", "cpu", "--no-compile-baseline", "--trials", "4", "--reps", "10", "--timing-budget", "1",
+        "--warmup", "1")
+
+
+def _run(root: Path, name: str, env: dict[str, str]) -> dict[str, dict]:
+    full = dict(os.environ, KBEVAL_CACHE_DIR=str(root / "cache"), COLUMNS="200", PYTHONPATH=pythonpath(), **env)
+    proc = subprocess.run([sys.executable, "-m", "kernelbench_eval", "run", *ARGS, "--problems", str(root / "p"),
+                           "--candidates", str(root / "c"), "--out", str(root / "r"), "--run-id", name],
+                          env=full, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = (root / "r" / name / "verdicts.jsonl").read_text().splitlines()
+    return {(v := json.loads(line))["problem"] + "/" + v["candidate"]: v for line in lines}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], dict[str, dict]]:
+    root = tmp_path_factory.mktemp("budget")
+    (root / "p").mkdir()
+    (root / "p" / "tanh.py").write_text(PROBLEM)
+    (root / "p" / "too_big.py").write_text(TOO_BIG)
+    for problem, candidates in (("tanh", {"honest": HONEST, "late": LATE, "greedy": GREEDY}),
+                                ("too_big", {"honest": HONEST})):
+        (root / "c" / problem).mkdir(parents=True)
+        for name, source in candidates.items():
+            (root / "c" / problem / f"{name}.py").write_text(source)
+    return _run(root, "free", {}), _run(root, "tight", {memory.BUDGET_VAR: "1"})
+
+
+def test_a_forced_small_budget_gives_the_same_verdicts(runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
+    free, tight = runs
+    assert set(free) == set(tight)
+    for key in free:
+        same = ("status", "correct", "trials_passed")
+        assert {f: free[key][f] for f in same} == {f: tight[key][f] for f in same}, key
+    assert free["tanh/honest"]["correct"] and free["tanh/late"]["status"] == "incorrect"
+    assert free["tanh/late"]["trials_passed"] == 2 and free["tanh/late"]["error"].startswith("trial 2")
+    loose, constrained = free["tanh/honest"]["memory"], tight["tanh/honest"]["memory"]
+    assert loose["fits"] and loose["trial_inputs_resident"] and loose["expected_resident"]
+    assert loose["timing_sets"] == 3
+    assert not constrained["fits"] and not constrained["trial_inputs_resident"]
+    assert not constrained["expected_resident"] and constrained["timing_sets"] == 1
+    assert constrained["reference_peak_bytes"] > 0 and constrained["candidate_peak_bytes"] > 0
+
+
+def test_a_reference_that_cannot_fit_is_skipped_with_the_sizes(runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
+    for verdicts in runs:
+        v = verdicts["too_big/honest"]
+        assert v["status"] == "skipped", v
+        assert "out of memory: the reference needs more than this device has" in v["error"]
+        assert "GB in all" in v["error"] and "one input set takes" in v["error"]
+
+
+def test_a_candidate_that_runs_out_is_a_runtime_error_naming_memory(
+        runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
+    for verdicts in runs:
+        v = verdicts["tanh/greedy"]
+        assert v["status"] == "runtime_error" and "allocate memory" in v["error"], v
