@@ -135,7 +135,7 @@ def test_summary_and_exit_code(fixture_run):
 def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
     """A second run of unchanged sources recompiles nothing: same .so files, untouched, and marked cached."""
     cold = read_verdicts(fixture_run[0])
-    libs = {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")}
+    libs = {p: p.stat().st_mtime_ns for p in (build_cache / "builds").rglob("*.so")}
     baselines_mtime = BASELINES.stat().st_mtime_ns
     assert len(libs) == 5  # honest, wrong, runtime error, hang, segfault
     kbeval("run", *FIXTURE_RUN_ARGS, "--out", str(tmp_path), "--run-id", "warm", cache=build_cache)
@@ -145,7 +145,7 @@ def test_rerun_reuses_the_build_cache(fixture_run, build_cache, tmp_path):
     for name, v in warm.items():
         if cold[name]["compile_seconds"] is not None:
             assert v["compile_cached"], name
-    assert {p: p.stat().st_mtime_ns for p in build_cache.rglob("*.so")} == libs
+    assert {p: p.stat().st_mtime_ns for p in (build_cache / "builds").rglob("*.so")} == libs
     # a look-up, not a build: faster than the cold g++ build whatever the load (no fixed limit a busy host could miss)
     assert 0 <= warm["cpp_honest"]["compile_seconds"] < cold["cpp_honest"]["compile_seconds"]
     # the baselines the cold run used say what they were measured beside; measured in good conditions they are
