@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from kernelbench_eval.containment import SandboxRecord
-from kernelbench_eval.records import Device, KernelCount, KernelRow, PrecisionCheck
+from kernelbench_eval.measured import PrecisionCheck
+from kernelbench_eval.records import Device, KernelCount, KernelRow
 
 
 class TensorMeta(BaseModel):
@@ -171,5 +172,6 @@ class WorkerReply(BaseModel):
     distributions: list[str] = Field(default_factory=list)  # expect: each trial's input distribution (`draws`)
     distributions_note: str | None = None  # expect: the distributions the reference refused, and why
     truth_note: str | None = None  # expect: why no float64 truth judges the trials, when none does
+    stateful: bool = False  # expect: the reference's outputs change from call to call on the same inputs
     peak_bytes: int | None = None  # every reply but a timed call's: the worker's peak memory so far
 

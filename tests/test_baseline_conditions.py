@@ -19,7 +19,8 @@ from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge import baselines, conditions
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets
-from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats
+from kernelbench_eval.measured import TimingStats
+from kernelbench_eval.records import Baseline, Conditions, RunSettings
 from kernelbench_eval.store import keys
 
 CPU = RunSettings(device="cpu", threads=1, target_rse=0.01)

@@ -16,7 +16,8 @@ from conftest import FIXTURES, kbeval, read_verdicts
 
 from kernelbench_eval.discover.corpus import Problem, discover, find_problems
 from kernelbench_eval.discover.guard import user_paths
-from kernelbench_eval.records import TimingStats, Verdict
+from kernelbench_eval.measured import TimingStats
+from kernelbench_eval.records import Verdict
 from kernelbench_eval.results.kernelbench import eval_results, write_eval_results
 
 KB = FIXTURES / "kernelbench" / "KernelBench"
@@ -263,3 +264,67 @@ def test_user_paths_maps_the_private_copy_back(tmp_path):
     text = f"{copy.path.resolve()}: line 3; again {copy.path}"
     assert user_paths(copy, text) == f"{user}: line 3; again {user}"
     assert user_paths(Problem("p", user, "sha"), text) == text  # not a copy: nothing to map
+
+
+STATEFUL = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A VanillaRNN in KernelBench's level 3 style: the hidden state lives in the module, from call to call."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(2 * n, n)
+        self.hidden = torch.randn(batch_size, n)
+
+    def forward(self, x):
+        self.hidden = self.hidden.to(x.device)
+        self.hidden = torch.tanh(self.fc(torch.cat([x, self.hidden], dim=1)))
+        return self.hidden
+
+
+batch_size = 4
+n = 8
+
+
+def get_inputs():
+    return [torch.randn(batch_size, n)]
+
+
+def get_init_inputs():
+    return [n]
+'''
+
+FORGETFUL = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(2 * n, n)
+        self.hidden = torch.randn(batch_size, n)
+
+    def forward(self, x):  # the state it started with, every call: right only at the first
+        return torch.tanh(self.fc(torch.cat([x, self.hidden.to(x.device)], dim=1)))
+'''
+
+
+def test_a_reference_that_keeps_state_is_judged_as_kernelbench_calls_it(build_cache, tmp_path):
+    """KernelBench's level 3 RNNs (33, 34) keep their hidden state in the module: the second run of a trial saw
+    another state, and an identical copy was `incorrect` ("passed once and failed over memory filled with 0x00").
+    Each model is now called once per trial from a fresh start; a candidate that drops the state is still caught
+    at its second trial."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "rnn.py").write_text(STATEFUL)
+    (tmp_path / "c" / "rnn").mkdir(parents=True)
+    (tmp_path / "c" / "rnn" / "copy.py").write_text(STATEFUL + "\n\nclass ModelNew(Model):\n    pass\n")
+    (tmp_path / "c" / "rnn" / "forgetful.py").write_text(FORGETFUL)
+    args = [a if a != "1" or i != FAST.index("--trials") + 1 else "3" for i, a in enumerate(FAST)]
+    kbeval("run", *args, "--problems", str(tmp_path / "p"), "--candidates", str(tmp_path / "c"), "--out",
+           str(tmp_path / "r"), "--run-id", "state", cache=build_cache)
+    verdicts = read_verdicts(tmp_path / "r" / "state")
+    assert verdicts["copy"]["correct"], verdicts["copy"]["error"]
+    assert "keeps state between calls" in verdicts["copy"]["problem_warning"]
+    assert verdicts["forgetful"]["status"] == "incorrect" and verdicts["forgetful"]["error"].startswith("trial 1")

@@ -16,7 +16,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from kernelbench_eval.cli.app import app
-from kernelbench_eval.records import Timing, TimingStats, Verdict
+from kernelbench_eval.measured import Timing, TimingStats
+from kernelbench_eval.records import Verdict
 from kernelbench_eval.results.aggregates import pass_at_k_by_problem
 from kernelbench_eval.results.compare import compare
 from kernelbench_eval.results.display import print_log_tail, print_verdict_detail, verdict_table

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from kernelbench_eval.discover.corpus import find_problems
-from kernelbench_eval.isolation.workerenv import QUIET_OPENMP, quiet_openmp
+from kernelbench_eval.isolation.workerenv import QUIET_OPENMP, STEADY_MALLOC, quiet_openmp, worker_environment
 from kernelbench_eval.judge.check import degenerate_outputs
 from kernelbench_eval.judge.measure import TimedModel
 from kernelbench_eval.judge.plausibility import assess, significant
 from kernelbench_eval.judge.stats import Samples, bootstrap_ci, speedup_ci
-from kernelbench_eval.records import TimingStats, Verdict
+from kernelbench_eval.measured import TimingStats
+from kernelbench_eval.records import Verdict
 from kernelbench_eval.run.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
 
 FIXTURES = Path(__file__).parent / "fixtures" / "selftest_problems"
@@ -190,11 +191,16 @@ def test_cores_busy_like_the_reference_are_not_suspicious_but_more_are():
     assert any("cores busy" in r for r in assess(_timed(1.0, [0.1] * 10, 1.9), greedy, "cpu", None, 2).reasons)
 
 
-def test_openmp_waits_passively_in_workers_unless_the_user_chose():
+def test_openmp_waits_passively_and_malloc_is_steady_in_workers_unless_the_user_chose():
+    """Every worker gets one OpenMP wait policy and one malloc (a fixed mmap threshold: an identical copy of
+    KernelBench's 94_MSELoss timed 0.36-0.44x against the checker, whose past had raised glibc's), and keeps them
+    through the worker environment's allow-list."""
     environ = {"OMP_WAIT_POLICY": "ACTIVE"}
     quiet_openmp(environ)
-    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "KMP_BLOCKTIME": QUIET_OPENMP["KMP_BLOCKTIME"]}
+    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "KMP_BLOCKTIME": QUIET_OPENMP["KMP_BLOCKTIME"]} | STEADY_MALLOC
     assert os.environ.get("OMP_WAIT_POLICY")  # set in the harness on import, so every worker inherits it
+    env = worker_environment({}, "token")
+    assert {k: env[k] for k in STEADY_MALLOC} == STEADY_MALLOC
 
 
 def test_speedup_limit_holds_the_point_estimate_whatever_the_interval():

@@ -14,26 +14,29 @@ from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.check import degenerate_outputs
 from kernelbench_eval.judge.measure import TimedModel, block_calls
 from kernelbench_eval.judge.plausibility import assess, speedup_reason
-from kernelbench_eval.judge.stats import (
+from kernelbench_eval.judge.sessions import (
     PRIOR_DF,
     PRIOR_SD,
-    Samples,
     between_sessions,
+    pooled,
+    t975,
+    unresolved,
+    widened,
+)
+from kernelbench_eval.judge.stats import (
+    Samples,
     chained_speedup_ci,
     fast_p,
     per_call_ms,
-    pooled,
     ratio_ci,
     rse_of_median,
     rse_per_call,
     speedup_ci,
-    t975,
-    unresolved,
-    widened,
     window_means,
 )
 from kernelbench_eval.judge.timing import Rotation, keep, replaced, time_block
-from kernelbench_eval.records import Baseline, RunSettings, TimingStats, baseline_key
+from kernelbench_eval.measured import TimingStats
+from kernelbench_eval.records import Baseline, RunSettings, baseline_key
 
 
 def noisy(center: float, spread: float, n: int, seed: int) -> list[float]:
@@ -268,9 +271,12 @@ def test_t975_follows_students_t_down_to_the_normal():
 def test_widened_adds_the_between_session_term_in_quadrature_on_the_log_scale():
     """Two identical sources timed in two sessions land 0.03 % apart, while each session's bootstrap interval is
     0.01 % wide: the between-session term (from the reference's times over the problem's sessions) makes each
-    interval cover the other's speedup; no term, no change."""
+    interval cover the other's speedup. No session seen yet: the prior alone widens it (on a CPU, 5 %)."""
     within = (1.2451, 1.2453)
-    assert widened(within, 1.2452, None) == within
+    low, high = widened(within, 1.2452, None)
+    assert low < within[0] and high > within[1]  # the prior: 0.5 % worth PRIOR_DF sessions
+    cpu_low, cpu_high = widened(within, 1.2452, None, device="cpu")
+    assert cpu_low < 1.2452 * 0.9 and cpu_high > 1.2452 * 1.1  # 5 % a process, sqrt(2) for a ratio, t(8)
     between = between_sessions([6.4914, 6.4896, 6.4888])
     low, high = widened(within, 1.2452, between)
     sigma, df = pooled(between)  # the sessions' sd, pooled with the prior (PRIOR_SD worth PRIOR_DF sessions)
@@ -300,7 +306,7 @@ def test_a_rerun_interval_is_the_confidence_interval_sqrt2_wider_on_the_log_scal
     variance. Each side widens by sqrt(2) in log terms; a degenerate interval is left as it is."""
     import math
 
-    from kernelbench_eval.judge.stats import rerun_interval
+    from kernelbench_eval.judge.sessions import rerun_interval
 
     low, high = rerun_interval((0.9, 1.2), 1.0)
     assert math.log(1.0 / low) == pytest.approx(math.sqrt(2) * math.log(1 / 0.9))
@@ -321,11 +327,13 @@ def test_one_or_two_sessions_no_longer_explode_the_interval():
 
 
 def test_an_interval_that_cannot_resolve_ten_percent_says_why():
-    assert unresolved((0.98, 1.02), None) is None
-    assert unresolved(None, None) == "no interval: too few timed calls"
-    note = unresolved((0.5, 2.0), (0.3, 1))
-    assert note is not None and "cannot resolve 10% differences" in note and "moved between sessions" in note
-    assert "vary too much within the session" in unresolved((0.5, 2.0), None)
+    assert unresolved((0.98, 1.02), (0.99, 1.01), None) is None
+    assert unresolved(None, None, None) == "no interval: too few timed calls"
+    note = unresolved((0.5, 2.0), (0.95, 1.05), (0.3, 1))
+    assert "cannot resolve 10% differences" in note and "moved between sessions" in note
+    assert "vary too much within the session" in unresolved((0.5, 2.0), (0.6, 1.7), None)
+    assert "two processes timing the same code differ by about 5.0%" in unresolved((0.8, 1.2), (0.99, 1.01), None,
+                                                                                   device="cpu")
 
 
 def test_the_launch_cover_follows_the_slower_models_host_time():

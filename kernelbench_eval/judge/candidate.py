@@ -144,7 +144,8 @@ class CandidateRun:
         name = f"trial{trial}"
         self.ref.feed(self.worker, [name], self.deadline, drop=True)  # one trial's set at a time (`memory`)
         slots = self.ref.timed_layout(1)[0]
-        for run, sentinel in enumerate(SENTINELS):
+        # a stateful reference was called once per trial: so is the candidate, or their states part
+        for run, sentinel in enumerate(SENTINELS[:1] if self.ref.stateful else SENTINELS):
             reply = self.worker.call(WorkerRequest(op="run", name=name, sentinel=sentinel, slots=slots),
                                      self.deadline.left())
             self.findings.mutates_inputs = self.findings.mutates_inputs or reply.mutated_inputs

@@ -39,6 +39,8 @@ from kernelbench_eval.records import (
     now_utc,
 )
 
+STATEFUL_WARNING = ("the reference keeps state between calls (its outputs change on the same inputs): each model is "
+                    "called once per trial from a fresh start, as KernelBench does, and timed calls are not compared")
 TIMING_SETS = 3  # base input sets the timing loop rotates through (each call also gets a fresh scale)
 COMPILE_MODE = "default"
 SLACK_BYTES = 64 * 256  # alignment padding for the input sets' tensors in the exchange
@@ -89,6 +91,7 @@ class ReferenceSide:
         self.bandwidth_gbs: float | None = None
         self.event_overhead_ms: float | None = None
         self.warning: str | None = None
+        self.stateful = False  # its outputs change from call to call on the same inputs (`worker.trials`)
         self.error: str | None = None
         self.init_bytes = b""  # the init arguments, as the reference wrote them (each candidate gets a copy)
         self.broken = False  # the checker died mid-candidate: open the problem again for the next one
@@ -126,6 +129,9 @@ class ReferenceSide:
                                                       memory_share=self.memory_share),
                                         deadline.left())
             self.metas, self.warning, self.residency = expected.expected, expected.warning, expected.residency
+            self.stateful = expected.stateful
+            if self.stateful:  # said once per problem, with the verdicts it shapes
+                self.warning = "; ".join(filter(None, [self.warning, STATEFUL_WARNING]))
             self.distributions, self.distributions_note = expected.distributions, expected.distributions_note
             self._note_peak(expected.peak_bytes)
             self.baseline = self._baseline()

@@ -23,16 +23,6 @@ BOOTSTRAP_RESAMPLES = 2000
 FAST_P = (0.0, 1.0, 1.5, 2.0)
 WINDOW = 10  # consecutive calls whose mean is one observation: a block on the GPU, ten 1-call blocks on the CPU
 MIN_WINDOWS = 5  # below 5 * WINDOW calls, windows shrink so that there are this many (one window has no spread)
-# What the between-session term assumes before it has seen sessions (a scaled inverse chi-square prior): the sd of
-# log time per call between processes (0.15-0.24 % measured for a 94 us SiLU on an H100, docs/benchmarks.md;
-# twice that here), worth PRIOR_DF sessions. With one or two sessions Student's t (12.7 at one degree of
-# freedom) made intervals like [0.0, 180332]; the prior keeps the term honest and finite, and real sessions
-# outweigh it as they come.
-PRIOR_SD = 0.005
-PRIOR_ABS_MS = 0.00015  # and, for short calls, 0.15 us of absolute time: two processes timing one 6 us kernel
-# differed by up to 4 % on an H200 (KernelBench level 1 at its 2025 sizes, docs/benchmarks.md)
-PRIOR_DF = 8
-RESOLVES = 1.10  # an interval wider than this factor each side (sqrt(high / low)) cannot tell 10 % apart
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal sample, scaled to its standard deviation
 MEDIAN_SE = 1.2533  # sqrt(pi/2): the median's standard error over the mean's, for normal samples
 
@@ -218,78 +208,6 @@ def chained_speedup_ci(base_other: Sequence[float], base_eager: Sequence[float],
 def finite(value: float) -> float | None:
     """A number that survives the JSON round trip of a record (inf would come back as null): else None."""
     return value if math.isfinite(value) else None
-
-
-# Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond the table: the normal's 1.96).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
-
-
-def t975(df: int) -> float:
-    """The 97.5 % quantile of Student's t with `df` degrees of freedom (a table's value at or below `df`)."""
-    return next((_T975[k] for k in sorted(_T975, reverse=True) if df >= k), math.inf) if df < 120 else 1.96
-
-
-def between_sessions(per_call: Sequence[float]) -> tuple[float, int] | None:
-    """The standard deviation of log time per call over sessions of one process's model, with its degrees of
-    freedom; None below two sessions. What one process's bootstrap cannot see: how much a time moves from one
-    timing session (and process, and allocation) to the next."""
-    logs = [math.log(x) for x in per_call if x > 0]
-    if len(logs) < 2:
-        return None
-    return statistics.stdev(logs), len(logs) - 1
-
-
-def prior_sd(time_ms: float | None = None) -> float:
-    """The between-session sd assumed before sessions are seen: PRIOR_SD, and PRIOR_ABS_MS of `time_ms` where the
-    call is short enough that the absolute floor dominates."""
-    return math.hypot(PRIOR_SD, PRIOR_ABS_MS / time_ms) if time_ms else PRIOR_SD
-
-
-def pooled(between: tuple[float, int], time_ms: float | None = None) -> tuple[float, int]:
-    """The between-session sd and its freedom with the prior (`prior_sd` worth PRIOR_DF sessions) pooled in."""
-    sigma, df = between
-    return math.sqrt((df * sigma**2 + PRIOR_DF * prior_sd(time_ms)**2) / (df + PRIOR_DF)), df + PRIOR_DF
-
-
-def widened(interval: tuple[float, float], point: float, between: tuple[float, int] | None,
-            time_ms: float | None = None) -> tuple[float, float]:
-    """`interval` around `point`, each side widened (in quadrature, on the log scale) by the between-session
-    term of a ratio of two such times: sqrt(2) times `between`'s deviation (pooled with the prior, `pooled`, for
-    calls of `time_ms`), at Student's t for its freedom."""
-    if between is None or point <= 0 or interval[0] <= 0:
-        return interval
-    sigma, df = pooled(between, time_ms)
-    extra = t975(df) * math.sqrt(2) * sigma
-    low, high = math.log(point / interval[0]), math.log(interval[1] / point)
-    return point * math.exp(-math.hypot(max(low, 0.0), extra)), point * math.exp(math.hypot(max(high, 0.0), extra))
-
-
-def unresolved(interval: tuple[float, float] | None, between: tuple[float, int] | None) -> str | None:
-    """Why a speedup's interval cannot tell a RESOLVES difference apart (None when it can): said in the verdict
-    instead of leaving a reader to find an interval spanning orders of magnitude meaningful."""
-    if interval is None or interval[0] <= 0:
-        return "no interval: too few timed calls"
-    factor = math.sqrt(interval[1] / interval[0])
-    if factor <= RESOLVES:
-        return None
-    why = (f"the reference's time moved between sessions (sd {between[0]:.1%} over {between[1] + 1})"
-           if between and pooled(between)[0] > PRIOR_SD * 2 else "its calls' times vary too much within the session")
-    return f"cannot resolve {RESOLVES - 1:.0%} differences (interval x/{factor:.2f}): {why}"
-
-
-def rerun_interval(interval: tuple[float, float], point: float) -> tuple[float, float]:
-    """Where another session's speedup for the same source lands, 95 %: a prediction interval.
-
-    `interval` (the widened one) says where the true speedup lies; a second session's estimate has as much error
-    again, independent of this one's, so the difference of the two has sqrt(2) times the spread, and the
-    interval for it is sqrt(2) times as wide on the log scale (each side). With honest confidence intervals, two
-    copies lie inside each other's confidence interval only 83 % of the time each way, but inside each other's
-    rerun interval 95 % of the time."""
-    if point <= 0 or interval[0] <= 0:
-        return interval
-    low, high = math.log(point / interval[0]), math.log(interval[1] / point)
-    return point * math.exp(-math.sqrt(2) * max(low, 0.0)), point * math.exp(math.sqrt(2) * max(high, 0.0))
 
 
 def fast_p(entries: Iterable[tuple[bool, float | None]], p: float) -> float:

@@ -21,20 +21,22 @@ from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
 from kernelbench_eval.judge.measure import Call, TimedModel, cover_s, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn, check_reference
-from kernelbench_eval.judge.stats import (
-    Samples,
+from kernelbench_eval.judge.sessions import (
     between_sessions,
-    chained_speedup_ci,
-    finite,
-    per_call_ms,
     rerun_interval,
-    rse_per_call,
-    speedup_ci,
     unresolved,
     widened,
 )
+from kernelbench_eval.judge.stats import (
+    Samples,
+    chained_speedup_ci,
+    finite,
+    per_call_ms,
+    rse_per_call,
+    speedup_ci,
+)
+from kernelbench_eval.measured import Timing, TimingStats
 from kernelbench_eval.messages import Slot, WorkerRequest
-from kernelbench_eval.records import Timing, TimingStats
 
 
 class _WrongOutput(Exception):
@@ -146,6 +148,8 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
             run.fail(f"block {block}, timed call {bad}: its outputs were reported where the exchange cannot hold "
                      "them (outside it, or off an element boundary)")
             raise _WrongOutput
+        if ref_side.stateful:  # no output of a timed call is the reference's for that call: nothing to compare
+            return
         result = ref_side.compare_timed(calls, [s for s in slots if s is not None], metas)
         run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
         checked += len(calls)
@@ -181,7 +185,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         reasons.append(agreement.reason(ref_ms))
     between = record_session(run.ref.session_ms, ref_ms, doubted=bool(reasons))
     shorter = min(ref_ms, verdict.runtime_ms)  # the call whose absolute floor weighs most (`stats.prior_sd`)
-    interval = widened(within, speedup, between, shorter) if speedup and within else None
+    interval = widened(within, speedup, between, shorter, settings.device) if speedup and within else None
     stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
@@ -194,7 +198,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         latency_speedup=latency_speedup, launch_ms=cand.launch_ms.median() if cand.launch_ms else None,
         ref_launch_ms=ref.launch_ms.median() if ref.launch_ms else None,
         cover_ms=cover_s([ref, cand]) * 1e3 if cuda else None,
-        unresolved=unresolved(interval, between) if speedup else None,
+        unresolved=unresolved(interval, within, between, shorter, settings.device) if speedup else None,
         speedup_ci=interval, speedup_ci_within=within,
         speedup_rerun_interval=rerun_interval(interval, speedup) if interval and speedup else None,
         between_sd=between[0] if between else None,
@@ -222,7 +226,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         findings.speedup_vs_compile = per_call_ms(base.compiled_samples) / per_call_ms(base.eager_samples) * speedup
         findings.speedup_vs_compile_ci = widened(chained_speedup_ci(
             base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)),
-            findings.speedup_vs_compile, between, shorter)
+            findings.speedup_vs_compile, between, shorter, settings.device)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
 

@@ -50,6 +50,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
     def __init__(self) -> None:
         self.modules: dict[str, Any] = {}
         self.models: dict[str, Any] = {}
+        self.builders: dict[str, Any] = {}  # how `op_load` built each model, to build it again (`trials`)
         self.device = "cpu"
         self.sets: dict[str, list[Any]] = {}  # input sets by name ("trial0", "timing1"), on the model's device
         self.exchange: Exchange | None = None
@@ -96,12 +97,20 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
             return WorkerReply(ok=False, error_kind="load_error", error=f"{req.class_name}(*init): {_one_line(exc)}")
         model = cast_model(model.to(self.device) if hasattr(model, "to") else model, req.precision)
         self.models[req.model] = torch.compile(model, mode=req.compile_mode) if req.compile_mode else model
+        self.builders[req.model] = lambda: self._build(cls, init, req)  # the same model, from a fresh start
         reply = WorkerReply(ok=True, device_name=_device_name(self.device), torch_version=torch.__version__,
                             memory_bytes=_memory_bytes(self.device))
         if self.device == "cuda":
             reply.memory_bandwidth_gbs = cudart.memory_bandwidth_gbs()
             reply.event_overhead_ms = cudart.event_overhead_ms()
         return reply
+
+    def _build(self, cls: type, init: list[Any], req: WorkerRequest) -> Any:
+        """`cls(*init)` as `op_load` built it (same seed, device, precision): a stateful reference starts again."""
+        torch = _torch()
+        torch.manual_seed(req.init_seed or 0)
+        model = cls(*init)
+        return cast_model(model.to(self.device) if hasattr(model, "to") else model, req.precision)
 
     def op_profile(self, req: WorkerRequest) -> WorkerReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
