@@ -126,7 +126,7 @@ def use_build(candidate: Path, work: Path) -> None:
     """Point load_inline at the build kbeval made of this source, so this process loads it instead of compiling."""
     import hashlib
 
-    from kernelbench_eval.build.compile import extension_env
+    from kernelbench_eval.building.compile import extension_env
 
     sha = hashlib.sha256(candidate.read_bytes()).hexdigest()[:24]
     builds = sorted((work / "cache" / "builds").glob(f"{sha}-*"))

@@ -366,7 +366,7 @@ def measure_in_session(bench: Bench) -> None:
     if str(REPO) not in sys.path:  # this checkout's harness, for this process and for its workers
         sys.path.insert(0, str(REPO))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    from kernelbench_eval.build.compile import compile_candidate
+    from kernelbench_eval.building.compile import compile_candidate
     from kernelbench_eval.discover.corpus import discover
     from kernelbench_eval.judge.baselines import BaselineStore
     from kernelbench_eval.judge.candidate import CandidateRun

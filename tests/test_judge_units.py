@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbench_eval.build.compile import compile_candidate
+from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.exchange import ALIGN, Exchange, output_layout

@@ -1,4 +1,4 @@
-"""The nvcc driver (`build/nvcc.py`): host and device passes side by side, nvcc's order for output and failure,
+"""The nvcc driver (`building/nvcc.py`): host and device passes side by side, nvcc's order for output and failure,
 nvcc itself for any other shape. A stand-in nvcc and stand-in tools (no CUDA here) that would deadlock, fail or
 build wrongly if the steps ran one after another, ran out of order, or lost the module id."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelbench_eval.build import compile as build_compile
-from kernelbench_eval.build import nvcc
+from kernelbench_eval.building import compile as build_compile
+from kernelbench_eval.building import nvcc
 
 DRIVER = Path(nvcc.__file__)
 

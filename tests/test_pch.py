@@ -1,4 +1,4 @@
-"""The builds' precompiled header (`build/pch.py`), on a stand-in `torch/extension.h` small enough to precompile in
+"""The builds' precompiled header (`building/pch.py`), on a stand-in `torch/extension.h` small enough to precompile in
 a second: made and signed by the harness, found by gcc through a build worker's CPATH, and refused when anything
 in its folder is not what the harness made. (The real header, through `load_inline`: tests/test_gpu.py.)"""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelbench_eval.build import pch
+from kernelbench_eval.building import pch
 from kernelbench_eval.containment import SandboxRecord
 from kernelbench_eval.isolation import landlock, sandbox
 from kernelbench_eval.store import keys

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelbench_eval.build import pch
-from kernelbench_eval.build.compile import compile_candidate
+from kernelbench_eval.building import pch
+from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Candidate, sha256_file
 from kernelbench_eval.isolation import landlock, sandbox
 

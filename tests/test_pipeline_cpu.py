@@ -17,8 +17,8 @@ import pytest
 from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_verdicts
 from timed import assert_timed_sanely, settled, settled_all
 
-from kernelbench_eval.build.compile import compile_candidate, warm_build
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building.compile import compile_candidate, warm_build
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.judge.conditions import doubts
 from kernelbench_eval.records import Conditions, RunManifest, RunSettings

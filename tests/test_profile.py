@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.build.warmup import WarmupSpec, build_env, needs_warmup
+from kernelbench_eval.building.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import declared_devices
 from kernelbench_eval.judge.launches import (
     NO_CUSTOM_WARNING,

@@ -23,7 +23,7 @@ import pytest
 from conftest import FIXTURES, kbeval, read_verdicts
 from timed import assert_timed_sanely
 
-from kernelbench_eval.build.compile import compile_candidate
+from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge import measure as measure_module
 from kernelbench_eval.judge import refguard
@@ -76,6 +76,7 @@ def _reference_reasons(v: dict) -> list[str]:
     return [s for s in said if s in (v["error"] or "")]
 
 
+@pytest.mark.slow  # the guarded run: every reference attack judged end to end
 def test_a_candidate_that_stops_the_reference_is_caught(guarded_run):
     """stop_reference SIGSTOPs the reference's worker in pulses: it is found stopped (and continued) before a block."""
     v = guarded_run["stop_reference"]
@@ -84,6 +85,7 @@ def test_a_candidate_that_stops_the_reference_is_caught(guarded_run):
     assert "found stopped" in v["error"], v["error"]
 
 
+@pytest.mark.slow  # the guarded run: every reference attack judged end to end
 def test_a_candidate_that_pins_the_reference_is_caught(guarded_run):
     """pin_reference pins the reference's threads to CPU 0 after each of its blocks: found, undone, and said."""
     v = guarded_run["pin_reference"]
@@ -91,6 +93,7 @@ def test_a_candidate_that_pins_the_reference_is_caught(guarded_run):
     assert "rescheduled (CPUs 0," in v["error"], v["error"]
 
 
+@pytest.mark.slow  # the guarded run: every reference attack judged end to end
 def test_threads_spinning_while_the_candidate_waits_do_not_slow_the_reference(guarded_run):
     """spin_while_waiting's threads are stopped with it for the reference's blocks (every thread: see
     test_every_thread_is_stopped_before_the_reference_runs), so the reference beside it is the reference alone."""
@@ -101,6 +104,7 @@ def test_threads_spinning_while_the_candidate_waits_do_not_slow_the_reference(gu
     assert not _reference_reasons(v), v["error"]
 
 
+@pytest.mark.slow  # the guarded run: every reference attack judged end to end
 def test_honest_control_and_the_reference_check(guarded_run):
     honest = guarded_run["honest"]
     assert_timed_sanely(honest, "honest")
@@ -110,6 +114,7 @@ def test_honest_control_and_the_reference_check(guarded_run):
     assert not _reference_reasons(honest), honest["error"]
 
 
+@pytest.mark.slow  # the guarded run: every reference attack judged end to end
 def test_one_call_at_a_time_leaves_nothing_to_precompute_end_to_end(guarded_run):
     v = guarded_run["precompute"]
     assert v["correct"], (v["status"], v["error"])
@@ -382,3 +387,22 @@ def test_the_sandboxs_cgroup_freezes_what_left_the_process_group(tmp_path: Path)
         os.killpg(ref.pid, signal.SIGKILL)
         ref.wait()
         cand.wait()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin to one")
+def test_what_an_earlier_candidate_left_is_put_back_before_the_next_starts():
+    """A pinning attack that pins the reference after its last block (before it is killed) left the reference
+    pinned for the next candidate, and an honest control was called `suspicious` for it: the reference is put
+    back as it was opened before each candidate starts, blaming nobody."""
+    from kernelbench_eval.judge.refguard import sched_of, settle_reference, snapshot
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        opened = snapshot(proc.pid)
+        os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})  # what the attacker left
+        assert sched_of(proc.pid) != opened[proc.pid]
+        assert settle_reference(proc.pid, opened)
+        assert sched_of(proc.pid) == opened[proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()

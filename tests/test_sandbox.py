@@ -31,7 +31,7 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT, pythonpath
 
-from kernelbench_eval.build.compile import RECORD_NAME, _verified, build_dir, compile_candidate
+from kernelbench_eval.building.compile import RECORD_NAME, _verified, build_dir, compile_candidate
 from kernelbench_eval.containment import CONTAINMENT, SandboxRecord
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp

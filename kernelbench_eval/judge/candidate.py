@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kernelbench_eval.build.compile import Compiled, build_lock, extension_env, private_triton
+from kernelbench_eval.building.compile import Compiled, build_lock, extension_env, private_triton
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
+from kernelbench_eval.judge.refguard import settle_reference
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import Findings
 
@@ -80,6 +81,9 @@ class CandidateRun:
 
     def start(self) -> bool:
         """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
+        checker = self.ref.worker.proc if self.ref.worker is not None else None
+        if checker is not None and self.ref.sched and not settle_reference(checker.pid, self.ref.sched):
+            self.ref.broken = True  # put back what it could; the next candidate gets a reference opened afresh
         with self.stage("loading", "spawn"):
             (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
             env = extension_env(self.build.build_dir, triton=self.workdir / "triton")  # a copy: private_triton

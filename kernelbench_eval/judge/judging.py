@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernelbench_eval.build.compile import Compiled
+from kernelbench_eval.building.compile import Compiled
 from kernelbench_eval.judge.candidate import CandidateRun, count_launches
 from kernelbench_eval.judge.precision import precision_reason
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem

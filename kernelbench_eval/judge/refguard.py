@@ -197,6 +197,20 @@ class Guard:
         return list(self.found.values())
 
 
+def settle_reference(pid: int, opened: dict[int, Sched]) -> bool:
+    """Every thread of the reference put back as it was opened, before a candidate starts, blaming nobody: what an
+    earlier candidate did in its last moments (after its last block, before it was killed) is not the next one's
+    doing (an honest control was called `suspicious` for a thread a pinning attack had pinned). False when a
+    thread could not be put back (the reference must then be opened afresh)."""
+    main = opened.get(pid)
+    restored = True
+    for tid in threads(pid) if main else []:
+        now, then = sched_of(tid), opened.get(tid, main)
+        if now is not None and now != then:
+            restored &= _restore(tid, then)
+    return restored
+
+
 def _restore(tid: int, sched: Sched) -> bool:
     try:
         if os.sched_getscheduler(tid) != sched.policy:

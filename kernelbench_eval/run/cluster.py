@@ -37,8 +37,8 @@ from pathlib import Path
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
-from kernelbench_eval.build.compile import Compiled
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building.compile import Compiled
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation.workerenv import PACKAGE_ROOT
 from kernelbench_eval.judge.baselines import BaselineStore

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import ray
 
-from kernelbench_eval.build import artifacts
-from kernelbench_eval.build.compile import (
+from kernelbench_eval.building import artifacts
+from kernelbench_eval.building.compile import (
     RECORD_NAME,
     Compiled,
     adopt,
@@ -24,8 +24,8 @@ from kernelbench_eval.build.compile import (
     warm_build,
     warmup_for,
 )
-from kernelbench_eval.build.relocate import relocate
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building.relocate import relocate
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.judge.baselines import BaselineStore

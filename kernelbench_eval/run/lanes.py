@@ -19,8 +19,8 @@ from typing import Protocol
 
 import torch
 
-from kernelbench_eval.build.compile import Compiled, compile_candidate
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building.compile import Compiled, compile_candidate
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation import gpus as gpu_env

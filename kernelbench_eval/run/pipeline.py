@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from kernelbench_eval import interrupts
-from kernelbench_eval.build import pch
-from kernelbench_eval.build.compile import BuildTampered, Compiled
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building import pch
+from kernelbench_eval.building.compile import BuildTampered, Compiled
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChanged, discover
 from kernelbench_eval.discover.guard import References
 from kernelbench_eval.isolation import cores, private, sandbox

@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from rich.table import Table
 
-from kernelbench_eval.build.compile import build_lock, compile_candidate, extension_env, private_triton
-from kernelbench_eval.build.warmup import WarmupSpec
+from kernelbench_eval.building.compile import build_lock, compile_candidate, extension_env, private_triton
+from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess

@@ -20,8 +20,8 @@ from kernelbench_eval.records import RunManifest, RunSettings, Verdict, now_utc
 from kernelbench_eval.results.record import RunRecorder, check_manifest, seal_manifest
 
 if TYPE_CHECKING:  # only `Backend`'s signatures name them
-    from kernelbench_eval.build.compile import Compiled
-    from kernelbench_eval.build.warmup import WarmupSpec
+    from kernelbench_eval.building.compile import Compiled
+    from kernelbench_eval.building.warmup import WarmupSpec
     from kernelbench_eval.discover.corpus import Candidate
     from kernelbench_eval.run.lanes import LaneConfig, LaneHandle
 

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kernelbench_eval.build import pch
+from kernelbench_eval.building import pch
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
 from kernelbench_eval.judge import cudart, timing
@@ -130,7 +130,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
 
         Its failure is the build's: one line saying it was the warm-up, never a traceback in the verdict.
         """
-        from kernelbench_eval.build.warmup import warm_up
+        from kernelbench_eval.building.warmup import warm_up
 
         problem = self._module(req.problem)  # the harness's file: its failure is no candidate's
         try:

@@ -193,7 +193,8 @@ def discover(with_cuda: bool, build_env: dict[str, str]) -> PchRecord:
     extra flags (in a fresh interpreter: with CUDA, torch would otherwise initialise the device to pick archs)."""
     with tempfile.TemporaryDirectory(prefix="kbeval-pch-flags-") as tmp:
         env = build_env | {"TORCH_CUDA_ARCH_LIST": build_env.get("TORCH_CUDA_ARCH_LIST") or "9.0"}  # not main.cpp's
-        code = "import sys; from kernelbench_eval.build.pch import _write_ninja; _write_ninja(sys.argv[1], sys.argv[2])"
+        code = ("import sys; from kernelbench_eval.building.pch import _write_ninja; "
+                "_write_ninja(sys.argv[1], sys.argv[2])")
         _run([sys.executable, "-c", code, tmp, "cuda" if with_cuda else "cpu"], env, 300)
         ninja = (Path(tmp) / "build.ninja").read_text()
     cxx = _ninja_var(ninja, "cxx") or "c++"
