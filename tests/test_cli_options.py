@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import kbeval
 from test_newcomer import FAST, write_corpus
 from typer.testing import CliRunner
 
@@ -201,3 +202,17 @@ def test_profile_accepts_smoke_as_its_help_says(corpus, monkeypatch):
                                  "--device", "cpu", "--smoke"])
     assert result.exit_code == 0, result.output
     assert seen["dims"] == {"batch_size": 2}  # the problem's KBEVAL_SMOKE_DIMS
+
+
+def test_click_usage_errors_are_one_line_and_exit_2(tmp_path):
+    """A missing argument, a file that does not exist, an unknown option or command: click's own usage block (four
+    lines and a blank) was what a user got; now one line naming what is wrong, exit 2. `kbeval` alone is the help."""
+    for args, says in ((("eval", "nope.py", "nope.py"), "file 'nope.py' does not exist"),
+                       (("eval",), "Missing argument"), (("run", "--bogus"), "No such option: --bogus"),
+                       (("nosuchcmd",), "No such command")):
+        proc = kbeval(*args, cache=tmp_path / "cache", check=False)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
+        assert says in lines[0] and "--help says more" in lines[0], lines
+    alone = kbeval(cache=tmp_path / "cache", check=False)
+    assert alone.returncode == 0 and alone.stdout.startswith("Usage: kbeval")

@@ -19,6 +19,7 @@ import threading
 from kernelbench_eval import interrupts
 
 WORKER_COMMANDS = frozenset({"run", "eval", "problems", "profile", "selftest"})  # commands that start workers
+COMMANDS = WORKER_COMMANDS | {"report", "compare", "gate"}
 
 
 def main() -> None:
@@ -31,7 +32,18 @@ def main() -> None:
                 prestart()
             from kernelbench_eval.cli.app import app
 
-            app(prog_name="kbeval")
+            clicks = _click_exceptions()
+            try:
+                returned = app(prog_name="kbeval", standalone_mode=False)  # (click's own exits come back here)
+                code = returned if isinstance(returned, int) else 0
+            except clicks.ClickException as exc:  # a usage error: one line, not click's usage block
+                if type(exc).__name__ == "NoArgsIsHelpError":  # `kbeval` alone: the help, as asked
+                    print(exc.format_message())
+                    leave(0)
+                command = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in COMMANDS else ""
+                print(f"error: {exc.format_message()} (kbeval {command} --help says more)".replace("  ", " "),
+                      file=sys.stderr)
+                code = exc.exit_code
     except SystemExit as exc:
         code = exc.code
     except interrupts.Interrupted as exc:  # every process it started is killed; nothing unfinished recorded
@@ -39,6 +51,15 @@ def main() -> None:
             print(f"\nkbeval: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code
     leave(code)
+
+
+def _click_exceptions():  # noqa: ANN202 (a module)
+    """The exceptions of the click that typer runs on: its own vendored copy in newer releases, else click."""
+    try:
+        from typer._click import exceptions  # type: ignore[import-not-found]
+    except ImportError:
+        from click import exceptions
+    return exceptions
 
 
 def _starts_workers_here(argv: list[str]) -> bool:
