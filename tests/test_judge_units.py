@@ -327,10 +327,15 @@ def test_timed_outputs_are_compared_where_the_call_put_them(tmp_path: Path, prob
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_buffer_made_in_a_timed_block_and_handed_out_again_is_measured_again_a_call_a_block(tmp_path: Path):
-    """Its eighth call's outputs lay in place when its ninth wrote over them, before the block was checked: the
-    worker says so and the candidate is measured again in blocks of one call, each compared before the next runs.
-    Without that, the eighth call would be `incorrect` for an answer that was right."""
+def test_a_buffer_made_in_a_timed_block_and_handed_out_again_is_measured_again_a_call_a_block(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With outputs in place asked for (`carve.IN_PLACE_VAR`): its eighth call's outputs lay in place when its
+    ninth wrote over them, before the block was checked: the worker says so and the candidate is measured again in
+    blocks of one call, each compared before the next runs. Without that, the eighth call would be `incorrect`
+    for an answer that was right."""
+    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+
+    monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, BIG_LATE_BUFFER, "late_buffer", device="cuda", problem=BIG)
     assert findings.correct and findings.timing is not None, findings.error
     assert findings.timing.block_calls == 1 and findings.timing.in_place_calls > 0
@@ -338,10 +343,14 @@ def test_a_buffer_made_in_a_timed_block_and_handed_out_again_is_measured_again_a
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_long_calls_are_answered_as_they_are_launched_and_every_one_is_still_checked(tmp_path: Path):
-    """Over OVERLAP_MS a call on both sides, blocks after the first are overlapped (`measure.overlaps`): each
-    reply goes out while the device computes, the block ends once the last call's work is done, and every timed
-    call is compared in full, in place."""
+def test_long_calls_are_answered_as_they_are_launched_and_every_one_is_still_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With outputs in place (blocks of several calls for large outputs), over OVERLAP_MS a call on both sides,
+    blocks after the first are overlapped (`measure.overlaps`): each reply goes out while the device computes, the
+    block ends once the last call's work is done, and every timed call is compared in full, in place."""
+    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+
+    monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, SLOW_FRESH, "slow", device="cuda", problem=SLOW)
     timing = findings.timing
     assert findings.correct and timing is not None, findings.error
