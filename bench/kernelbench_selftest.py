@@ -97,6 +97,33 @@ def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float
     return 0 if rows and len(passing) == len(rows) else 1
 
 
+BALLAST = """
+import sys, time, torch
+target = int(float(sys.argv[1]) * 2**30)
+held = []
+for i in range(torch.cuda.device_count()):
+    free, total = torch.cuda.mem_get_info(i)
+    if free > target:
+        held.append(torch.empty(free - target, dtype=torch.uint8, device=f"cuda:{i}"))
+    print(f"cuda:{i}: {total / 2**30:.1f} GiB, {free / 2**30:.1f} free, "
+          f"{torch.cuda.mem_get_info(i)[0] / 2**30:.1f} free with the ballast", flush=True)
+print("ready", flush=True)
+time.sleep(1e9)
+"""
+
+
+def ballast(free_gib: float) -> subprocess.Popen:
+    """A process holding each visible GPU's memory beyond `free_gib` free: a larger card judged as a smaller one
+    (an H200 as an 80 GB H100: the memory plan reads the free memory, as it would there)."""
+    proc = subprocess.Popen([sys.executable, "-c", BALLAST, str(free_gib)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line.rstrip(), flush=True)
+        if line.startswith("ready"):
+            break
+    return proc
+
+
 def passes(row: dict) -> bool:
     ci = row.get("ci")
     return (row["status"] == "ok" and row.get("speedup") is not None
@@ -131,11 +158,18 @@ def main() -> int:
     go.add_argument("--label", default="current")
     go.add_argument("--out", type=Path, required=True)
     go.add_argument("--deadline", type=float, default=3600.0, help="seconds for all levels together")
+    go.add_argument("--free-gib", type=float, help="leave each GPU this much free memory, no more (a ballast "
+                    "process holds the rest): 79.0 judges an H200 as an 80 GB H100 has it free")
     args, extra = parser.parse_known_args()
     if args.step == "export":
         export(args.kb, args.commit, args.to)
         return 0
-    return run(args.problems, args.label, args.out, [a for a in extra if a != "--"], args.deadline)
+    held = ballast(args.free_gib) if args.free_gib else None
+    try:
+        return run(args.problems, args.label, args.out, [a for a in extra if a != "--"], args.deadline)
+    finally:
+        if held:
+            held.kill()
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ class WorkerRequest(BaseModel):
     warmup_seconds: float = 0.0
     graph: bool = False
     first: int = 0  # the index in its block of this request's call: calls are sent one at a time (`measure`)
-    placement: int = 0  # time: which of the worker's input placements this call uses (`timing.Rotation`)
+    placement: int = 0  # time: which of the worker's input placements this call uses (`refill.Rotation`)
     cover_s: float = 0.0  # time (CUDA): the launch cover before each call, the same for every model (`measure`)
     # time (CUDA): answer once the call is launched and described; its times come with the next reply, and the
     # block ends with a request of no calls, answered once the last call's device work is done (`measure.overlaps`)

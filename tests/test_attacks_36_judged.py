@@ -202,7 +202,8 @@ def test_library_work_inside_an_extension_is_library(build_cache: Path, monkeypa
 def judged(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> dict[str, dict[str, dict]]:
     out = tmp_path_factory.mktemp("attacks36")
     kbeval("run", *ARGS, "--trials", "4", *[a for p in ("count_positive", "mse_loss", "standardize",
-                                                        "linear_relu_cpu") for a in ("--problem", p)],
+                                                        "linear_relu_cpu", "row_signs", "label_count")
+                                     for a in ("--problem", p)],
            "--out", str(out), "--run-id", "trials", cache=build_cache)
     for run_id, extra in (("strict", ()), ("allowed", ("--allow-reduced-precision",))):
         kbeval("run", *ARGS, "--trials", "1", "--problem", "linear64", *extra, "--out", str(out), "--run-id", run_id,
@@ -225,11 +226,15 @@ def test_each_attack_gets_its_verdict(judged: dict[str, dict[str, dict]]) -> Non
         assert strict[name]["precision_check"]["candidate_error"] > 1e-4
     caught = strict["bf16_when_timed"]["precision_check"]  # exact on trial 0: only its timed calls show it
     assert caught["candidate_error"] < 1e-6 and caught["timed_error"] > 1e-3, caught
+    for name in ("memo_signs", "memo_labels"):  # right on every trial, wrong once timed inputs are fresh
+        assert trials[name]["status"] == "incorrect" and "timed call" in trials[name]["error"], trials[name]
+        assert trials[name]["trials_passed"] == 4
     assert trials["forked_helper"]["correct"]  # and `suspicious` for its cores wherever its helper got a core
 
 
 def test_honest_controls_stay_correct(judged: dict[str, dict[str, dict]]) -> None:
-    for run, name in (("trials", "honest"), ("trials", "rowwise"), ("trials", "manual"), ("strict", "reordered")):
+    for run, name in (("trials", "honest"), ("trials", "count_nonzero"), ("trials", "index_add"),
+                      ("trials", "rowwise"), ("trials", "manual"), ("strict", "reordered")):
         verdict = judged[run][name]
         assert verdict["correct"] and "reduced precision" not in (verdict["error"] or ""), verdict
         assert verdict["distributions"] == (list(DISTRIBUTIONS) if run == "trials" else ["normal"])

@@ -53,7 +53,7 @@ def test_a_calls_flush_counts_its_refill_toward_the_cover():
     lacks; a small input's flush is nearly the whole buffer. Both written from the one buffer, once per rotation."""
     from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
     from kernelbench_eval.judge.flush import FLUSH_COVER_S, flush_for, l2_flush_buffer
-    from kernelbench_eval.judge.timing import Rotation
+    from kernelbench_eval.judge.refill import Rotation
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
@@ -68,7 +68,8 @@ def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_comput
     """The keeper's first half (host work) runs before the device-wide synchronise only for calls of EARLY_MS or
     more, where the device is still busy; a short call's waits, so its device-wide time gets no host time."""
     from kernelbench_eval.judge import timing
-    from kernelbench_eval.judge.timing import EARLY_MS, Rotation, time_block
+    from kernelbench_eval.judge.refill import Rotation
+    from kernelbench_eval.judge.timing import EARLY_MS, time_block
 
     monkeypatch.setattr(timing, "_LAST_MS", {})  # keyed by id(): a dead model's entry could match a new one
     monkeypatch.setattr(timing, "_LATE", set())
@@ -101,7 +102,8 @@ def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_comput
 
 def test_graph_replay_times_capturable_models_and_falls_back_for_others():
     from kernelbench_eval.judge.cudagraph import capture_graph
-    from kernelbench_eval.judge.timing import Rotation, time_block
+    from kernelbench_eval.judge.refill import Rotation
+    from kernelbench_eval.judge.timing import time_block
 
     rotation = Rotation([[torch.randn(1024, 1024, device="cuda")]])
     replay, error = capture_graph(lambda x: torch.relu(x) * 2, rotation)

@@ -13,7 +13,7 @@ import torch
 from conftest import serve_requests
 
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge import flush, timing
+from kernelbench_eval.judge import flush, refill
 from kernelbench_eval.messages import WorkerReply, WorkerRequest
 from kernelbench_eval.worker import main as worker_main
 
@@ -118,6 +118,6 @@ def test_the_flush_counts_the_refill_ahead_of_it_toward_the_launchs_cover():
 def test_a_refill_moves_four_times_a_float_inputs_bytes_and_twice_anything_elses():
     """uniform_ writes a float buffer, mul_ reads it and its base and writes it; an integer one is copied."""
     floats, ints = torch.zeros(1000), torch.zeros(10, dtype=torch.int64)
-    rotation = timing.Rotation([[floats, ints, 3]])
+    rotation = refill.Rotation([[floats, ints, 3]])
     assert rotation.traffic() == 4 * 4000 + 2 * 80
 

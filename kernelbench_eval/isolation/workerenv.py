@@ -17,7 +17,7 @@ ALLOWED_VARS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "L
                           "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
                           "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME",
                           "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                          "KBEVAL_LOG_CAP", "KBEVAL_FORKSERVER", "KBEVAL_CPUS",
+                          "KBEVAL_LOG_CAP", "KBEVAL_FORKSERVER", "KBEVAL_CPUS", "KBEVAL_MEMORY_TRACE",
                           "KBEVAL_LOCK_WAIT", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
                           "VIRTUAL_ENV", "CONDA_PREFIX"})
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "NCCL_", "CUDNN_", "NVCC_")

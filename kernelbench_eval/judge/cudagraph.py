@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernelbench_eval.judge.timing import Rotation, keep
+from kernelbench_eval.judge.refill import Rotation
+from kernelbench_eval.judge.timing import keep
 
 
 def capture_graph(model: Callable[..., object], rotation: Rotation) -> tuple[Callable[[], object] | None, str | None]:

@@ -15,7 +15,7 @@ import torch
 from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
 
 if TYPE_CHECKING:
-    from kernelbench_eval.judge.timing import Rotation
+    from kernelbench_eval.judge.refill import Rotation
 
 _L2_FLUSH_FACTOR = 2  # write at least twice the L2 so nothing of the previous call stays cached
 FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches the call meanwhile

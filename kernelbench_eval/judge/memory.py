@@ -46,7 +46,7 @@ class Footprint:
     trials: int
     timing_sets: int  # base sets wanted for the timed calls
     block_bytes: int = 0  # a timing block's outputs, kept until the block is checked (0: one call's)
-    placements: int = 1  # input placements wanted (CUDA: `timing.PLACEMENTS`)
+    placements: int = 1  # input placements wanted (CUDA: `refill.PLACEMENTS`)
 
 
 @dataclass(frozen=True)

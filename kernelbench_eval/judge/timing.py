@@ -5,11 +5,10 @@ runs, so a candidate that later patches `time.perf_counter_ns` does not change w
 can still patch this module (it shares the process), which is why the harness cross-checks every block
 against its own wall clock.
 
-Each timed call gets inputs it has never seen: fixed input buffers are refilled from one of a few base
-sets, each element scaled by a fresh random factor (a common factor times 0.95 to 1.05 per element), so
-caching by pointer or by value cannot replay an old answer, and no linear shortcut (W(s x) = s W x) can
-reuse one. Every call's outputs are kept, so that the checker can compare every timed call in full with the
-reference's output for the same call. Then the
+Each timed call gets inputs it has never seen (`refill.Rotation`: fixed buffers refilled from a fresh mix of
+the problem's own draws), so caching by pointer or by value cannot replay an old answer. Every call's outputs
+are kept, so that the checker can compare every timed call in full with the reference's output for the same
+call. Then the
 L2 is flushed (persisting lines reset too), the whole device synchronised, and the call timed twice
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
@@ -42,6 +41,7 @@ import torch
 
 from kernelbench_eval.judge.cudart import reset_persisting_l2
 from kernelbench_eval.judge.flush import flush_for, repeats_for
+from kernelbench_eval.judge.refill import Rotation
 
 _perf_counter_ns = time.perf_counter_ns
 # A timed CUDA call measures with the C event type's own methods (no Python code can replace a method of a C
@@ -77,58 +77,6 @@ class Block:
         self.gate_ms += other.gate_ms
         self.launch_ms += other.launch_ms
         self.late = self.late or other.late
-
-
-JITTER = 0.05  # each element's factor varies by this much around the call's common scale
-
-
-PLACEMENTS = 2  # CUDA: input buffers at this many places in memory, taken in turn window by window
-
-
-class Rotation:
-    """Fixed input buffers, refilled before each call from base set `k` with per-element random factors.
-
-    On a GPU there are PLACEMENTS copies of the buffers, allocated apart. Where a buffer lies changes a kernel's
-    time (0.15-0.24 % for a 94 us SiLU on an H100, as much as between two processes: docs/benchmarks.md), and
-    a process has one placement of its own: the timing takes them in turn, window by window, so one session's
-    samples, and its interval, carry what a new process would change.
-    """
-
-    def __init__(self, bases: list[list[object]], placements: int = 1) -> None:
-        self.bases = bases
-        self.placements = [[x.clone() if isinstance(x, torch.Tensor) else x for x in bases[0]]
-                           for _ in range(max(placements, 1))]
-        self.live = self.placements[0]  # what a captured CUDA graph replays on
-        self.generators: dict[torch.device, torch.Generator] = {}
-        self.flush: torch.Tensor | None = None  # CUDA: the part of the flush buffer its calls write (`flush.flush_for`)
-
-    def fill(self, k: int, scale: float, seed: int, placement: int = 0) -> list[object]:
-        """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
-        live_set = self.placements[placement % len(self.placements)]
-        for i, (live, base) in enumerate(zip(live_set, self.bases[k], strict=True)):
-            if not isinstance(live, torch.Tensor):
-                continue
-            if live.is_floating_point():
-                # base times factors drawn uniformly in scale * [1 - J, 1 + J), in two passes over the buffer and
-                # no temporary: a fresh factor tensor and four more passes cost 71_Conv2d's 67 MB input 0.27 ms of
-                # host and GPU per timed call
-                generator = self._generator(live.device).manual_seed((seed * 1009 + i) % (1 << 63))
-                live.uniform_(scale * (1 - JITTER), scale * (1 + JITTER), generator=generator)
-                live.mul_(base)
-            else:
-                live.copy_(base)
-        return live_set
-
-    def traffic(self) -> int:
-        """Bytes one refill moves through device memory: a float buffer is written, then read with its base and
-        written again; any other is read from its base and written."""
-        return sum((4 if x.is_floating_point() else 2) * x.numel() * x.element_size()
-                   for x in self.placements[0] if isinstance(x, torch.Tensor))
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        if device not in self.generators:
-            self.generators[device] = torch.Generator(device=device)
-        return self.generators[device]
 
 
 def keep(out: object) -> list[torch.Tensor | None]:

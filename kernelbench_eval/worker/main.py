@@ -23,14 +23,14 @@ from typing import Any
 from kernelbench_eval.building import pch
 from kernelbench_eval.isolation import cores, sandbox  # timing binds the clocks before candidate code is imported
 from kernelbench_eval.isolation.linux import die_with_parent, poll_readable
-from kernelbench_eval.judge import cudart, timing
+from kernelbench_eval.judge import cudart, refill, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_model
 from kernelbench_eval.messages import WorkerReply, WorkerRequest
-from kernelbench_eval.worker import namespace
+from kernelbench_eval.worker import namespace, workermemory
 from kernelbench_eval.worker.candidate import CandidateOps
-from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch, peak_memory
+from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch
 from kernelbench_eval.worker.reference import ReferenceOps
 from kernelbench_eval.worker.timed import TimingOps
 
@@ -59,9 +59,9 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
         self.held: list[list[Any]] = []
         self.spans: list[tuple[int, int]] = []
         self.overwrote: list[int] = []
-        self.rotation: timing.Rotation | None = None
+        self.rotation: refill.Rotation | None = None
         self.rotation_sets: tuple[str, ...] = ()
-        self.placements = timing.PLACEMENTS  # CUDA: live input buffers of the timed calls (the memory plan's)
+        self.placements = refill.PLACEMENTS  # CUDA: live input buffers of the timed calls (the memory plan's)
         self.kept: list[list[Any]] = []
         self.store: list[list[Any]] = []  # the checker's per-call output storage while timed (see store_keeper)
         self.replay: Any = None
@@ -130,7 +130,7 @@ class Worker(ReferenceOps, CandidateOps, TimingOps):
 
         Its failure is the build's: one line saying it was the warm-up, never a traceback in the verdict.
         """
-        from kernelbench_eval.building.warmup import warm_up
+        from kernelbench_eval.worker.warmup import warm_up
 
         problem = self._module(req.problem)  # the harness's file: its failure is no candidate's
         try:
@@ -246,18 +246,13 @@ def serve(reply_fd: int) -> None:
             reply = WorkerReply(ok=False, error_kind=status, error=message)
         reply.seconds = time.perf_counter() - started
         if req.op != "time":  # (a timed call's reply carries nothing it does not need)
-            reply.peak_bytes = _peak(worker.device)
+            reply.peak_bytes = workermemory.peak(worker.device)
+            workermemory.give_back(worker.device)
+            workermemory.trace(req.op, worker.device)
         sys.stdout.flush()
         _write_all(reply_fd, (reply.model_dump_json(exclude_defaults=True) + "\n").encode())
         if worker.device == "cuda" and req.op in NEXT_CALL_S:  # the next timed call is on its way
             poll_readable(sys.stdin.fileno(), NEXT_CALL_S[req.op])
-
-
-def _peak(device: str) -> int | None:
-    """The worker's peak memory so far (`peak_memory`), without starting CUDA where nothing has."""
-    if device == "cuda" and not _torch().cuda.is_initialized():
-        return None
-    return peak_memory(device)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -273,6 +268,7 @@ def main() -> None:
     reply_fd = parser.parse_args().reply_fd
     confined = sandbox.enter_and_report(reply_fd)  # a candidate's worker: confined before its first request
     pch.enter(confined)  # a build's precompiled header, used only where this worker cannot rewrite it
+    workermemory.allocator_settings()
     serve(reply_fd)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelbench_eval.isolation.linux import keep_memory_private
-from kernelbench_eval.judge import flush, timing
+from kernelbench_eval.judge import flush, refill, timing
 from kernelbench_eval.judge.check import compare_outputs
 from kernelbench_eval.judge.exchange import Exchange
 from kernelbench_eval.judge.precision import cast_inputs
@@ -38,7 +38,7 @@ class ReferenceOps(TrialOps):
     exchange: Exchange | None
     kept: list[list[Any]]
     store: list[list[Any]]
-    rotation: timing.Rotation | None
+    rotation: refill.Rotation | None
 
     def op_prepare(self, req: WorkerRequest) -> WorkerReply:
         """Apply size overrides, write the init arguments, and learn how to make one input set per secret seed.

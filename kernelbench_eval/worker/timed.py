@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kernelbench_eval.judge import cudagraph, flush, timing
+from kernelbench_eval.judge import cudagraph, flush, refill, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _torch, as_list
@@ -28,7 +28,7 @@ class TimingOps:
     models: dict[str, Any]
     sets: dict[str, list[Any]]
     pool: ExchangePool | None
-    rotation: timing.Rotation | None
+    rotation: refill.Rotation | None
     rotation_sets: tuple[str, ...]
     placements: int
     kept: list[list[Any]]
@@ -54,7 +54,7 @@ class TimingOps:
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
             self.leave_timing()  # the new buffers must not come from the exchange's pool
-            self.rotation = timing.Rotation([self.sets[n] for n in names],
+            self.rotation = refill.Rotation([self.sets[n] for n in names],
                                             self.placements if self.device == "cuda" else 1)
             self.rotation_sets = names
         model = self.models[req.model]

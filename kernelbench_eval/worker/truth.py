@@ -18,6 +18,7 @@ from typing import Any
 from kernelbench_eval.judge.truth import SAMPLE, Truth, distance, reduction_size
 from kernelbench_eval.worker.common import _one_line, _sync, _torch, as_list
 
+HEADROOM = 0.8  # of the free memory the float64 run may count on (the model's own temporaries need the rest)
 PERTURBATIONS = 2  # float64 runs on inputs each rounded once at random (relative u), for the sensitivity
 _SALT = 0x7457_1234
 
@@ -52,6 +53,10 @@ class TruthMaker:
             not reductions_only or reduction_size(o.numel(), o.dim(), sizes) is not None) for o in outs]
         if not any(wanted):
             return [None] * len(outs)
+        short = self._short_of_memory(inputs, outs)
+        if short:
+            self.wide, self.note = None, short
+            return None
         try:
             exact = self._run(inputs)
             if len(exact) != len(outs):
@@ -70,6 +75,23 @@ class TruthMaker:
         except Exception as exc:
             self.fail(exc)
             return None
+
+    def _short_of_memory(self, inputs: list[Any], outs: list[Any]) -> str | None:
+        """Why the float64 run would not fit the device now, if it would not: its inputs and outputs at twice
+        the width, and for a reduction one rounded input set more (`_rounded`), against the free memory and what
+        this process's allocator holds unused. An out-of-memory error inside the run is caught too, but only after
+        the allocator has grown: the candidate's process then finds less (23_Softmax, 19_ReLU at their current
+        sizes on an 80 GB card)."""
+        torch = _torch()
+        if self.device != "cuda":
+            return None
+        sizes = [x.numel() for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        need = 8 * (2 * sum(sizes) + sum(o.numel() for o in outs if isinstance(o, torch.Tensor)))
+        free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        if need <= HEADROOM * free:
+            return None
+        return (f"float64 truth skipped: it needs about {need / 1e9:.1f} GB of device memory, "
+                f"{free / 1e9:.1f} GB are free")
 
     def _run(self, inputs: list[Any]) -> list[Any]:
         torch = _torch()
@@ -112,8 +134,8 @@ def _rounded(inputs: list[Any], gen: Any, unit: float) -> list[Any]:
     torch = _torch()
     out = []
     for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            r = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float64) * 2 - 1
-            x = x.to(torch.float64) * (1 + unit * r)
+        if isinstance(x, torch.Tensor) and x.is_floating_point():  # in place: one float64 copy of the input
+            r = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float64)
+            x = r.mul_(2).sub_(1).mul_(unit).add_(1).mul_(x)
         out.append(x)
     return out
