@@ -62,23 +62,27 @@ def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float
         results = out / f"results-{level}"
         cmd = [sys.executable, "-m", "kernelbench_eval", "selftest", "--problems", str(folder), "--json",
                "--out", str(results), *extra]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ,
-                                  PYTHONUNBUFFERED="1"), timeout=max(1.0, deadline - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            print(f"{level}: cut off at the {deadline:.0f} s deadline")
-            continue
-        (out / f"{level}.log").write_text(proc.stdout + proc.stderr)
-        try:
-            summary = json.loads(proc.stdout[proc.stdout.index("{"):])
-        except ValueError:
-            print(f"{level}: selftest gave no JSON (exit {proc.returncode}); see {out / f'{level}.log'}")
-            continue
+        log, printed = out / f"{level}.log", out / f"{level}.json"
+        with log.open("w") as sink, printed.open("w") as answer:
+            proc = subprocess.Popen(cmd, stdout=answer, stderr=sink, text=True, cwd=ROOT,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            try:
+                proc.wait(timeout=max(1.0, deadline - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         verdicts = {}
         for path in results.glob("*/verdicts.jsonl"):
             for line in path.read_text().splitlines():
                 v = json.loads(line)
                 verdicts[v["problem"]] = v
+        text = printed.read_text()
+        try:
+            summary = json.loads(text[text.index("{"):])
+        except ValueError:  # cut off by the deadline, or no JSON: the verdicts written so far, said so
+            print(f"{level}: cut off or no summary (exit {proc.returncode}); {len(verdicts)} verdicts kept; see {log}")
+            summary = {"rows": [_row(v) for v in verdicts.values()], "not_ok": None, "excluded": None,
+                       "allowed": None}
         for row in summary["rows"]:
             v = verdicts.get(row["problem"], {})
             memory = v.get("memory") or {}
@@ -122,6 +126,12 @@ def ballast(free_gib: float) -> subprocess.Popen:
         if line.startswith("ready"):
             break
     return proc
+
+
+def _row(v: dict) -> dict:
+    """A summary row from a verdict (what `kbeval selftest` prints, for a level the deadline cut off)."""
+    return {"problem": v["problem"], "status": v["status"], "speedup": v.get("speedup_vs_eager"),
+            "ci": v.get("speedup_vs_eager_ci"), "error": v.get("error")}
 
 
 def passes(row: dict) -> bool:

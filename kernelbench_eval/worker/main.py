@@ -247,7 +247,7 @@ def serve(reply_fd: int) -> None:
         reply.seconds = time.perf_counter() - started
         if req.op != "time":  # (a timed call's reply carries nothing it does not need)
             reply.peak_bytes = workermemory.peak(worker.device)
-            workermemory.give_back(worker.device)
+            workermemory.give_back(req.op, worker.device)
             workermemory.trace(req.op, worker.device)
         sys.stdout.flush()
         _write_all(reply_fd, (reply.model_dump_json(exclude_defaults=True) + "\n").encode())

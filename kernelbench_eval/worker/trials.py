@@ -153,12 +153,12 @@ class TrialOps:
         first, _ = self._reference_call(inputs)
         if isinstance(first, WorkerReply):
             return False
-        first = [o.cpu() if self.device == "cuda" and _nbytes(o) > SPILL_BYTES else o for o in first]
+        first = [_sample(o) for o in first]  # a state changes every element: a sample shows it, at no memory cost
         second, _ = self._reference_call(inputs)
         if isinstance(second, WorkerReply):
             return False
         same = len(first) == len(second) and all(
-            a.shape == b.shape and a.dtype == b.dtype and _close(a, b, self.atol, self.rtol)
+            a.dtype == b.dtype and _close(a, _sample(b), self.atol, self.rtol)
             for a, b in zip(first, second, strict=True))
         del first, second
         if not same and "main" in getattr(self, "builders", {}):
@@ -251,16 +251,17 @@ def _release(device: str) -> None:
         _torch().cuda.empty_cache()
 
 
-SPILL_BYTES = 1 << 30  # a first call's output this large waits in host memory while the second call runs
-CHUNK = 1 << 24  # elements compared at once: no float64 copy of a whole output (23_Softmax: 12.9 GB each)
+SAMPLE = 1 << 20  # elements of each output the state check compares (evenly spaced, every one when fewer)
+
+
+def _sample(out: Any) -> Any:
+    """Evenly spaced elements of an output, a copy (an output can be a tenth of the device: 23_Softmax 6.4 GB)."""
+    flat = out.reshape(-1)
+    return flat[::max(1, flat.numel() // SAMPLE)].clone()
 
 
 def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
-    """allclose in float64, a chunk at a time (an output can be a tenth of the device)."""
-    torch = _torch()
-    x, y = a.reshape(-1), b.reshape(-1)
-    return all(bool(torch.allclose(x[i:i + CHUNK].double(), y[i:i + CHUNK].to(x.device).double(), atol=atol,
-                                   rtol=rtol, equal_nan=True)) for i in range(0, x.numel(), CHUNK))
+    return a.shape == b.shape and bool(_torch().allclose(a.double(), b.double(), atol=atol, rtol=rtol, equal_nan=True))
 
 
 def _clone(x: Any) -> Any:
