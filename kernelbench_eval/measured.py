@@ -26,10 +26,11 @@ class TimingStats(BaseModel):
     calls: int
 
     @classmethod
-    def from_samples(cls, samples_ms: list[float]) -> TimingStats:
-        """The record of a `stats.Samples` summary (ValueError when there are none)."""
+    def from_samples(cls, samples_ms: list[float], mean: bool = False) -> TimingStats:
+        """The record of a `stats.Samples` summary (ValueError when there are none); `mean`: the reported figure
+        is the calls' mean (KernelBench's method, `kbmethod`)."""
         samples = Samples(samples_ms)
-        return cls(per_call_ms=samples.per_call(), **samples.summary())
+        return cls(per_call_ms=samples.mean() if mean else samples.per_call(), **samples.summary())
 
 
 class Timing(BaseModel):
@@ -37,8 +38,10 @@ class Timing(BaseModel):
 
     candidate: TimingStats
     reference: TimingStats
-    # what runtime_ms, ref_runtime_ms and the speedup measure: "device" (CUDA: the call's device time, its host
-    # launch work hidden behind a cover as long as the slower model's launches) or "wall" (CPU: the call's time)
+    # what runtime_ms, ref_runtime_ms, compile_runtime_ms and the speedups measure: "device" (CUDA: the call's device
+    # time, its host launch work hidden behind a cover as long as the slower model's launches) or "wall" (CPU: the
+    # call's time), each the median of 10-call window means; or, under --timing kernelbench*, KernelBench's method
+    # named and described ("kernelbench-cuda-event (mean of 100 calls after 3 warm-ups, ...)", `kbmethod.basis`)
     basis: str = "device"
     # the other basis: per call, the longer of the host time and the device time (host launch work included)
     latency_ms: float | None = None

@@ -103,6 +103,8 @@ class WorkerRequest(BaseModel):
     # time (CUDA): answer once the call is launched and described; its times come with the next reply, and the
     # block ends with a request of no calls, answered once the last call's device work is done (`measure.overlaps`)
     overlap: bool = False
+    # time (with a warm-up, so once a measurement): how its calls are timed, the harness's way or KernelBench's
+    method: str = "kbeval"
     # expect (checker): the memory budget, bytes (None: the device's free memory, `memory.SHARE` of it), and the
     # share of it this checker may plan with (lanes on one device share it)
     memory_budget: int | None = None

@@ -20,6 +20,7 @@ from kernelbench_eval.measured import MemoryRecord, PrecisionCheck, Timing, Timi
 from kernelbench_eval.statuses import Status
 
 Device = Literal["cpu", "cuda"]
+TimingMethod = Literal["kbeval", "kernelbench", "kernelbench-2025"]  # the harness's own, or KernelBench's (`kbmethod`)
 
 
 def now_utc() -> str:
@@ -51,6 +52,7 @@ class RunSettings(BaseModel):
     smoke: bool = False  # `--smoke` chose the sizes and timing above; kept so a resume shows it, not in the keys
     account_launches: bool = False  # profile one more forward of each correct candidate (`kernels`); costs seconds
     allow_reduced_precision: bool = False  # a candidate far less precise than the reference stays `ok` (`precision`)
+    timing: TimingMethod = "kbeval"  # how calls are timed: the harness's own method, or KernelBench's (`kbmethod`)
 
     def key(self) -> str:
         return _digest(self._payload(exclude={"smoke"}))  # the fields it set are in the key
@@ -65,6 +67,8 @@ class RunSettings(BaseModel):
         payload = self.model_dump(mode="json", exclude=exclude)
         if payload.get("precision") == "fp32":
             del payload["precision"]
+        if payload.get("timing") == "kbeval":  # the harness's own: the keys of runs made before KernelBench's
+            del payload["timing"]
         for name in ("account_launches", "allow_reduced_precision"):
             if not payload.get(name, True):  # off: the keys of runs made before it existed
                 del payload[name]

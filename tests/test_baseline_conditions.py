@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge import baselines, conditions
 from kernelbench_eval.judge.baselines import BaselineStore
@@ -92,53 +93,52 @@ def reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(baselines, "_key_dir", tmp_path)  # the store's signing key lives here
     problem = Problem("p", tmp_path / "p.py", "0" * 64)
     settings = CPU.model_copy(update={"compile_baseline": True})
-    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "ref.log", 60, 60,
+    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "ref.log", Budgets.of(60, 60),
                         BaselineStore(tmp_path / "baselines.json"))
-    ref.device_name = "cpu-box"
     measured: list[Baseline] = []
 
     def measure(fresh: Baseline) -> None:
-        monkeypatch.setattr(ref, "_measure_baseline", lambda: measured.append(fresh) or fresh)
+        monkeypatch.setattr(ref.baselines, "_measure", lambda device_name: measured.append(fresh) or fresh)
 
-    yield ref, measure, measured
+    yield ref.baselines, measure, measured
     ref.close()
 
 
 def test_a_baseline_measured_in_good_conditions_is_reused(reference):
-    ref, measure, measured = reference
+    found, measure, measured = reference
     planted = _baseline(QUIET, 1.0)
-    ref.store.put(planted)
+    found.store.put(planted)
     measure(_baseline(QUIET, 9.0))
-    assert ref._baseline().model_dump() == planted.model_dump() and measured == [] and ref.baseline_remeasured is None
+    assert found.settle("cpu-box").model_dump() == planted.model_dump() and measured == [] and found.remeasured is None
 
 
 def test_a_baseline_measured_beside_busy_neighbours_is_measured_again_and_replaced(reference):
-    ref, measure, measured = reference
-    ref.store.put(_baseline(BUSY, 18.0))  # 18 ms for a 0.3 ms op, as seen under load
+    found, measure, measured = reference
+    found.store.put(_baseline(BUSY, 18.0))  # 18 ms for a 0.3 ms op, as seen under load
     fresh = _baseline(QUIET, 0.3)
     measure(fresh)
-    assert ref._baseline() is fresh and measured == [fresh]
-    assert "measured again" in ref.baseline_remeasured and "cores busy" in ref.baseline_remeasured
+    assert found.settle("cpu-box") is fresh and measured == [fresh] and found.baseline is fresh
+    assert "measured again" in found.remeasured and "cores busy" in found.remeasured
     # the next run reuses the good one
-    assert BaselineStore(ref.store.path).get(fresh.key()).model_dump() == fresh.model_dump()
+    assert BaselineStore(found.store.path).get(fresh.key()).model_dump() == fresh.model_dump()
 
 
 def test_a_remeasurement_no_better_keeps_the_stored_one(reference):
-    ref, measure, measured = reference
+    found, measure, measured = reference
     stored = _baseline(BUSY, 2.0)
-    ref.store.put(stored)
+    found.store.put(stored)
     measure(_baseline(BUSY.model_copy(update={"eager_rse": 0.025}), 7.0))
-    assert ref._baseline().model_dump() == stored.model_dump() and len(measured) == 1
-    assert "kept" in ref.baseline_remeasured
-    assert BaselineStore(ref.store.path).get(stored.key()).model_dump() == stored.model_dump()
+    assert found.settle("cpu-box").model_dump() == stored.model_dump() and len(measured) == 1
+    assert "kept" in found.remeasured
+    assert BaselineStore(found.store.path).get(stored.key()).model_dump() == stored.model_dump()
 
 
 def test_without_a_stored_baseline_one_is_measured_and_stored(reference):
-    ref, measure, measured = reference
+    found, measure, measured = reference
     fresh = _baseline(NOISY, 1.0)
     measure(fresh)
-    assert ref._baseline() is fresh and ref.baseline_remeasured is None
-    assert BaselineStore(ref.store.path).get(fresh.key()).model_dump() == fresh.model_dump()
+    assert found.settle("cpu-box") is fresh and found.remeasured is None
+    assert BaselineStore(found.store.path).get(fresh.key()).model_dump() == fresh.model_dump()
 
 
 @pytest.mark.slow  # two runs with torch.compile baselines

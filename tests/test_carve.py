@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.carve import IN_PLACE_VAR, POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
@@ -138,21 +139,24 @@ def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_pat
     problem = Problem("71", tmp_path / "p.py", "0" * 64)
     monkeypatch.setenv(IN_PLACE_VAR, "1")
     settings = RunSettings(device="cuda")
-    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "log", 60, 60, BaselineStore(tmp_path / "b"))
+    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "log", Budgets.of(60, 60),
+                        BaselineStore(tmp_path / "b"))
+    lender = ref.lender
     try:
-        ref.metas = [[TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32",
-                                 shape=[128, 64, 126, 126])]]
-        ref.input_bytes = 128 * 8 * 128 * 128 * 4
-        ref.memory_bytes = 80 << 30
-        assert ref.calls_per_block() == 5 and ref.calls_per_block(in_place=False) == 1
-        ref.memory_bytes = 16 << 30
-        assert ref.calls_per_block() == 1
-        ref.memory_bytes, ref.ipc = 80 << 30, False
-        assert ref.calls_per_block() == 1
-        ref.settings = RunSettings(device="cpu")
-        assert ref.calls_per_block() == 1
-        ref.settings, ref.ipc = settings, True
+        lender.learn_inputs(128 * 8 * 128 * 128 * 4)
+        lender.learn_outputs([[TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32",
+                                          shape=[128, 64, 126, 126])]], None)
+        lender.learn_device(80 << 30)
+        assert lender.calls_per_block() == 5 and lender.calls_per_block(in_place=False) == 1
+        lender.learn_device(16 << 30)
+        assert lender.calls_per_block() == 1
+        lender.learn_device(80 << 30)
+        lender.refuse_ipc("refused here")
+        assert lender.calls_per_block() == 1
+        lender.settings = RunSettings(device="cpu")
+        assert lender.calls_per_block() == 1
+        lender.settings, lender.ipc = settings, True
         monkeypatch.delenv(IN_PLACE_VAR)
-        assert ref.calls_per_block() == 1  # the default: no pool area, outputs copied
+        assert lender.calls_per_block() == 1  # the default: no pool area, outputs copied
     finally:
         ref.close()

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT
 
-from kernelbench_eval.building.compile import RECORD_NAME, BuildTampered, build_dir, build_lock, compile_candidate
+from kernelbench_eval.building.compile import BuildTampered, build_dir, build_lock, compile_candidate
+from kernelbench_eval.building.signed import RECORD_NAME
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.store import keys
 

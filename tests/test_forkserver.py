@@ -388,7 +388,7 @@ def test_only_torchs_library_finalizers_are_skipped() -> None:
 
     import torch  # noqa: F401  (its import registers the libraries' finalizers)
 
-    from kernelbench_eval.cli.entry import skip_library_finalizers
+    from kernelbench_eval.isolation.teardown import skip_library_finalizers
 
     class Thing:
         pass

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge.baselines import BaselineStore
@@ -98,7 +99,7 @@ def _judge(tmp_path: Path, source: str, name: str, times: int = 1, device: str =
     settings = RunSettings(device=device, trials=2, reps=20, timing_budget=1.0, warmup=2, compile_baseline=False,
                            max_speedup=0, threads=1)
     problem = Problem("masked", problem_path, sha256_file(problem_path))
-    ref = ReferenceSide(problem, settings, Secrets.draw(settings.trials), tmp_path / "ref.log", 60, 60,
+    ref = ReferenceSide(problem, settings, Secrets.draw(settings.trials), tmp_path / "ref.log", Budgets.of(60, 60),
                         BaselineStore(tmp_path / "baselines.json")).open()
     build = compile_candidate(make_candidate(problem, candidate), device, tmp_path / "cache", tmp_path / "c.log", 120)
     assert build.record.ok, build.record.error
@@ -119,7 +120,7 @@ def test_honest_candidate_is_checked_and_timed_with_inf_outputs(tmp_path: Path):
     timing = findings.timing
     assert timing is not None and timing.exchange == "shm" and timing.checked_calls >= 20
     assert {"spawn", "load", "trials", "timing", "checks"} <= set(timing.phases)
-    assert not ref.workdir.exists()  # closed with the reference
+    assert not ref.checker.workdir.exists()  # closed with the reference
 
 
 def test_a_second_session_widens_the_interval_by_what_moved_between_sessions(tmp_path: Path):
@@ -127,11 +128,12 @@ def test_a_second_session_widens_the_interval_by_what_moved_between_sessions(tmp
     speedup's interval is the session's bootstrap widened by how much that time moved between sessions."""
     ref, findings = _judge(tmp_path, HONEST, "honest", times=2)
     timing = findings.timing
-    assert timing is not None and len(ref.session_ms) <= 2 and all(ms > 0 for ms in ref.session_ms)
+    sessions = ref.timing.session_ms
+    assert timing is not None and len(sessions) <= 2 and all(ms > 0 for ms in sessions)
     if findings.status != "ok":  # doubted on a busy host: its session was not recorded, its speedup may be gone
         return
-    assert ref.session_ms[-1] == findings.ref_runtime_ms  # an undoubted session is recorded
-    assert timing.between_df == len(ref.session_ms) - 1 if len(ref.session_ms) > 1 else timing.between_df is None
+    assert sessions[-1] == findings.ref_runtime_ms  # an undoubted session is recorded
+    assert timing.between_df == len(sessions) - 1 if len(sessions) > 1 else timing.between_df is None
     if timing.between_df:
         (low, high), (within_low, within_high) = findings.speedup_vs_eager_ci, timing.speedup_ci_within
         assert low <= within_low <= findings.speedup_vs_eager <= within_high <= high
@@ -140,13 +142,18 @@ def test_a_second_session_widens_the_interval_by_what_moved_between_sessions(tmp
 def test_a_doubted_session_widens_its_own_interval_but_is_not_recorded():
     """A candidate that disturbed the reference (or whose timing was doubted otherwise) gets the spread with its
     session counted, but the problem's record stays as it was for the candidates judged after it."""
-    from kernelbench_eval.judge.timed import record_session
+    from kernelbench_eval.judge.reference_timing import ReferenceTiming
 
-    sessions = [1.0, 1.01]
-    assert record_session(sessions, 1.5, doubted=True)[1] == 2 and sessions == [1.0, 1.01]
-    sd, df = record_session(sessions, 1.02, doubted=False)
-    assert df == 2 and sessions == [1.0, 1.01, 1.02] and sd < 0.02
-    assert record_session([], 1.0, doubted=False) is None  # one session: no term yet
+    def reference(sessions: list[float]) -> ReferenceTiming:
+        timing = ReferenceTiming(None, None, RunSettings(device="cpu"), 60)  # type: ignore[arg-type]
+        timing.session_ms = sessions
+        return timing
+
+    timing = reference([1.0, 1.01])
+    assert timing.add_session(1.5, doubted=True)[1] == 2 and timing.session_ms == [1.0, 1.01]
+    sd, df = timing.add_session(1.02, doubted=False)
+    assert df == 2 and timing.session_ms == [1.0, 1.01, 1.02] and sd < 0.02
+    assert reference([]).add_session(1.0, doubted=False) is None  # one session: no term yet
 
 
 def test_wrong_sign_of_inf_is_incorrect(tmp_path: Path):
@@ -211,7 +218,7 @@ def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: P
         problems.append(Problem(name, path, sha256_file(path)))
     settings = RunSettings(device="cpu", trials=1, reps=10, timing_budget=1.0, warmup=1, compile_baseline=False,
                            max_speedup=0, threads=1)
-    lane = EvalLane(LaneSpec("cpu:0"), LaneConfig(settings, tmp_path / "baselines.json", 60, 60))
+    lane = EvalLane(LaneSpec("cpu:0"), LaneConfig(settings, tmp_path / "baselines.json", Budgets.of(60, 60)))
     candidate = tmp_path / "honest.py"
     candidate.write_text(HONEST)
     build = compile_candidate(make_candidate(problems[0], candidate), "cpu", tmp_path / "cache", tmp_path / "c.log",
@@ -221,20 +228,20 @@ def test_a_lane_keeps_two_problems_open_and_parks_the_one_not_in_use(tmp_path: P
             lane.prepare(problem, tmp_path / f"{problem.problem_id}.log")
         assert lane.holds() == ["masked_too", "masked"]
         first = lane.refs["masked"]
-        assert first.worker is not None and first.memory_bytes and first.footprint() > 0
-        pid = first.worker.proc.pid
+        assert first.checker.pid is not None and first.lender.memory_bytes and first.lender.footprint() > 0
+        pid = first.checker.pid
         result = lane.evaluate(problems[0], candidate, build, tmp_path / "ref.log", tmp_path / "honest.log")
         assert result.findings.correct, result.findings.error
-        assert lane.refs["masked"].worker.proc.pid == pid  # the prepared checker judged it: not opened again
-        assert lane.refs["masked_too"].parked and not lane.refs["masked"].parked
+        assert lane.refs["masked"].checker.pid == pid  # the prepared checker judged it: not opened again
+        assert lane.refs["masked_too"].checker.parked and not lane.refs["masked"].checker.parked
         assert lane.holds() == ["masked", "masked_too"]
-        parked_pid = lane.refs["masked_too"].worker.proc.pid
+        parked_pid = lane.refs["masked_too"].checker.pid
         again = lane.evaluate(problems[1], candidate, build, tmp_path / "ref.log", tmp_path / "honest2.log")
         assert again.findings.correct, again.findings.error  # a parked checker still has its sets and outputs
-        assert lane.refs["masked_too"].worker.proc.pid == parked_pid and lane.refs["masked"].parked
+        assert lane.refs["masked_too"].checker.pid == parked_pid and lane.refs["masked"].checker.parked
     finally:
         lane.close()
-    assert lane.holds() == [] and not first.workdir.exists()
+    assert lane.holds() == [] and not first.checker.workdir.exists()
 
 
 # reports each timed call's outputs at an offset the checker must not read: past the exchange's end, or off an

@@ -255,10 +255,10 @@ def test_a_compile_that_never_ends_is_a_compile_error(build_cache, tmp_path):
 def test_candidate_output_is_capped_in_its_log(tmp_path, monkeypatch):
     import io
 
-    from kernelbench_eval.isolation import process
-    monkeypatch.setattr(process, "LOG_CAP_BYTES", 1000)
+    from kernelbench_eval.isolation import pipes
+    monkeypatch.setattr(pipes, "LOG_CAP_BYTES", 1000)
     log = tmp_path / "x.log"
-    process._copy_capped(io.BufferedReader(io.BytesIO(b"Evaluation: True\n" * 10_000)), log)
+    pipes.copy_capped(io.BufferedReader(io.BytesIO(b"Evaluation: True\n" * 10_000)), log)
     text = log.read_text()
     assert len(text) < 1200 and "log capped at 1000 bytes" in text
 

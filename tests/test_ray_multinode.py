@@ -30,7 +30,8 @@ import pytest
 from conftest import FIXTURES, ROOT, kbeval, pythonpath
 
 from kernelbench_eval.building import artifacts, relocate
-from kernelbench_eval.building.compile import adopt, build_lock, compile_candidate
+from kernelbench_eval.building.compile import build_lock, compile_candidate
+from kernelbench_eval.building.signed import adopt
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 
 pytestmark = pytest.mark.slow  # a Ray cluster of separate nodes on one host: over a minute

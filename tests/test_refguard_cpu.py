@@ -23,6 +23,7 @@ import pytest
 from conftest import FIXTURES, kbeval, read_verdicts
 from timed import assert_timed_sanely
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge import measure as measure_module
@@ -31,6 +32,7 @@ from kernelbench_eval.judge import timed as timed_module
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
 from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
+from kernelbench_eval.judge.reference_timing import ReferenceTiming
 from kernelbench_eval.judge.refguard import (
     MAX_GAP_S,
     Guard,
@@ -131,7 +133,7 @@ def test_a_precomputing_candidate_sees_no_future_call(tmp_path: Path, monkeypatc
     problem = Problem("mm_relu", PROBLEMS / "mm_relu.py", sha256_file(PROBLEMS / "mm_relu.py"))
     settings = RunSettings(device="cpu", trials=1, reps=30, max_reps=60, timing_budget=2.0, warmup=2,
                            compile_baseline=False, max_speedup=0, threads=1)
-    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "ref.log", 120, 120,
+    ref = ReferenceSide(problem, settings, Secrets.draw(1), tmp_path / "ref.log", Budgets.of(120, 120),
                         BaselineStore(tmp_path / "baselines.json")).open()
     try:
         assert ref.error is None, ref.error
@@ -234,19 +236,21 @@ def test_the_recheck_stands_in_for_the_candidates_turns():
     """`timed` hands the alone re-check the waits the reference had beside this candidate."""
     seen: dict = {}
 
-    class _Ref:
-        settings = RunSettings(device="cpu", timing_budget=4)
-        alone = [1.0 + 0.01 * (i % 7) for i in range(60)]
-        broken = False
+    settings = RunSettings(device="cpu", timing_budget=4)
+    alone = [1.0 + 0.01 * (i % 7) for i in range(60)]
 
-        def time_alone(self, budget: float, between=None) -> list[float]:  # noqa: ANN001
+    class _Timing(ReferenceTiming):
+        def time_alone(self, budget: float | None = None, between=None) -> list[float]:  # noqa: ANN001
             seen["budget"], seen["between"] = budget, between
             return list(self.alone)
 
+    timing = _Timing(None, None, settings, 60)  # type: ignore[arg-type]
+    timing.start(alone)
+    ref = SimpleNamespace(settings=settings, timing=timing)
     held = SimpleNamespace(before_reference=lambda: None, release=lambda: False, broken=False)
-    interleaved = TimedModel(_Recorder(), event_ms=[3 * x for x in _Ref.alone], idle_s=[0.01, 0.002])  # type: ignore[arg-type]
+    interleaved = TimedModel(_Recorder(), event_ms=[3 * x for x in alone], idle_s=[0.01, 0.002])  # type: ignore[arg-type]
     timed = timed_module._Timed(interleaved, interleaved, 6, 60, [], 1.0, held)  # type: ignore[arg-type]
-    agreement = timed_module._check_reference(SimpleNamespace(ref=_Ref(), deadline=Deadline(60)), timed)  # type: ignore[arg-type]
+    agreement = timed_module._check_reference(SimpleNamespace(ref=ref, deadline=Deadline(60)), timed)  # type: ignore[arg-type]
     assert agreement is not None and agreement.outcome == "disturbed"
     assert isinstance(seen["between"], StandIn) and seen["between"].gaps == [0.01, 0.002] and seen["budget"] == 2
 

@@ -31,7 +31,8 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT, pythonpath
 
-from kernelbench_eval.building.compile import RECORD_NAME, _verified, build_dir, compile_candidate
+from kernelbench_eval.building.compile import build_dir, compile_candidate
+from kernelbench_eval.building.signed import RECORD_NAME, verified
 from kernelbench_eval.containment import CONTAINMENT, SandboxRecord
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
@@ -335,7 +336,7 @@ def test_a_timed_out_build_leaves_no_record_to_trust(tmp_path: Path) -> None:
     assert got.record.timed_out and "FORGED" in log.read_text()
     build = build_dir(cache, cand, "cpu")
     assert not (build / RECORD_NAME).exists()
-    assert _verified(build, keys.load_key(cache)) is None
+    assert verified(build, keys.load_key(cache)) is None
 
 
 @needs_full

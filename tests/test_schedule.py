@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.run import lanes
@@ -246,15 +247,16 @@ class _FakeRef:
     tight: set[str] = set()  # problems whose memory plan does not fit while other references are open
 
     def __init__(self, problem: Problem, *args: object) -> None:
-        self.problem, self.broken, self.error, self.warning, self.baseline_key = problem, False, None, None, None
-        self.parked, self.memory_bytes = False, 1000
-        self.residency = None
+        self.problem, self.broken, self.error, self.warning = problem, False, None, None
+        self.parked = False
+        self.baselines = SimpleNamespace(key=None)
+        self.lender = SimpleNamespace(memory_bytes=1000, residency=None, footprint=self._footprint)
 
     def open(self) -> _FakeRef:
         self.events.append(("open", self.problem.problem_id))
         opened = sum(e[0] == "open" for e in self.events) - sum(e[0] == "close" for e in self.events)
         if self.problem.problem_id in self.tight:
-            self.residency = SimpleNamespace(fits=opened == 1)  # fits only with the device to itself
+            self.lender.residency = SimpleNamespace(fits=opened == 1)  # fits only with the device to itself
         return self
 
     def close(self) -> None:
@@ -263,7 +265,10 @@ class _FakeRef:
     def park(self) -> None:
         self.parked = True
 
-    def footprint(self) -> int:
+    def unpark(self) -> None:
+        self.parked = False
+
+    def _footprint(self) -> int:
         return self.sizes.get(self.problem.problem_id, 1)
 
 
@@ -274,7 +279,7 @@ def fake_lane_refs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> EvalLane:
     monkeypatch.setattr(_FakeRef, "sizes", {})
     monkeypatch.setattr(_FakeRef, "tight", set())
     monkeypatch.setenv("KBEVAL_CACHE_DIR", str(tmp_path / "cache"))
-    config = LaneConfig(RunSettings(device="cpu"), tmp_path / "baselines.json", 10.0, 10.0)
+    config = LaneConfig(RunSettings(device="cpu"), tmp_path / "baselines.json", Budgets.of(10.0, 10.0))
     return EvalLane(LaneSpec("cpu:0"), config)
 
 
@@ -339,7 +344,8 @@ def test_a_lanes_process_does_its_bookkeeping_on_one_torch_thread(monkeypatch: p
     try:
         torch.set_num_threads(2)
         monkeypatch.setenv("KBEVAL_CACHE_DIR", str(tmp_path / "cache"))
-        EvalLane(LaneSpec("cpu:0"), LaneConfig(RunSettings(device="cpu"), tmp_path / "baselines.json", 10.0, 10.0))
+        config = LaneConfig(RunSettings(device="cpu"), tmp_path / "baselines.json", Budgets.of(10.0, 10.0))
+        EvalLane(LaneSpec("cpu:0"), config)
         assert torch.get_num_threads() == lanes.HARNESS_THREADS == 1
     finally:
         torch.set_num_threads(before)

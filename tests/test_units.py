@@ -296,7 +296,7 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
     import sys
 
     from kernelbench_eval.isolation.forkclient import TOKEN_VAR
-    from kernelbench_eval.isolation.process import _kill_marked
+    from kernelbench_eval.isolation.reaping import kill_marked
 
     def sleeper(token: str) -> subprocess.Popen[bytes]:
         """A process carrying `token` that has said it is up (nothing here depends on how fast it starts)."""
@@ -307,7 +307,7 @@ def test_a_process_carrying_a_worker_token_is_found_and_killed():
 
     stray, bystander = sleeper("unit-test-token"), sleeper("another-token")
     try:
-        _kill_marked("unit-test-token")
+        kill_marked("unit-test-token")
         assert stray.wait(timeout=300) == -9  # SIGKILL'd; the bound only keeps a broken kill from hanging CI
         assert bystander.poll() is None
     finally:
@@ -323,7 +323,7 @@ def test_killing_marked_processes_scans_again_until_none_is_left(monkeypatch: py
     born after the first scan is killed too, and a bystander never."""
     import signal
 
-    from kernelbench_eval.isolation import linux, process
+    from kernelbench_eval.isolation import linux, reaping
     from kernelbench_eval.isolation.forkclient import TOKEN_VAR
 
     marked, other = f"{TOKEN_VAR}=tok".encode(), f"{TOKEN_VAR}=else".encode()
@@ -342,8 +342,8 @@ def test_killing_marked_processes_scans_again_until_none_is_left(monkeypatch: py
         alive.pop(pid, None)
 
     monkeypatch.setattr(linux, "environments", scan)
-    monkeypatch.setattr(process.os, "kill", kill)
-    process._kill_marked("tok")
+    monkeypatch.setattr(reaping.os, "kill", kill)
+    reaping.kill_marked("tok")
     assert sorted(killed) == [101, 103] and 102 in alive
 
 

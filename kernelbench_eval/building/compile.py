@@ -9,8 +9,8 @@ the build worker (`warmup`), so its kernels land in the build's own Triton cache
 that warm-up used are part of the build's name, and its time is part of the compile's.
 
 A build folder's name is computable from any source's bytes, so a candidate (same user) can write into
-another's. Hence the record the harness keeps (`compile.json`) is signed (`keys`) and lists the digest of
-every artifact; a record that does not verify, or artifacts that do not match it, are thrown away and
+another's. Hence the record the harness keeps (`compile.json`) is signed and lists the digest of every
+artifact (`signed`); a record that does not verify, or artifacts that do not match it, are thrown away and
 rebuilt, never loaded. Locks live under `<cache>/locks/`, named by the key, and are waited on for a
 bounded time (`locks`).
 """
@@ -18,9 +18,6 @@ bounded time (`locks`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
 import shutil
 import tempfile
 import time
@@ -35,17 +32,15 @@ import torch
 from kernelbench_eval import interrupts
 from kernelbench_eval.building import nvcc, pch
 from kernelbench_eval.building.relocate import rewrite_triton
+from kernelbench_eval.building.signed import cached_log, verified, write_record
 from kernelbench_eval.building.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import CompileRecord
-from kernelbench_eval.results.record import write_atomic
 from kernelbench_eval.store import keys, locks, paths
-
-RECORD_NAME = "compile.json"
-UNHASHED = frozenset({"lock", ".ninja_log", ".ninja_deps"})  # rewritten by load_inline/ninja on every load
+from kernelbench_eval.store.atomic import write_atomic
 
 
 class BuildTampered(OSError):
@@ -138,50 +133,9 @@ def build_lock(build: Path, verify: bool = True) -> Iterator[None]:
     with locks.hold(build.parent.parent / "locks" / f"{keys.name_for(key, build.name)}.lock"):
         for stale in (build / "ext").glob("*/lock"):
             stale.unlink(missing_ok=True)
-        if verify and _verified(build, key) is None:
+        if verify and verified(build, key) is None:
             raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
         yield
-
-
-def artifact_digests(build: Path) -> dict[str, str]:
-    """sha256 of every file under the build's extension folder and Triton cache (links by target), the lock
-    files aside; a Triton file is named `../triton/...` (from the extension folder, as before it existed)."""
-    digests: dict[str, str] = {}
-    ext = build / "ext"
-    paths = [p for folder in (ext, build / "triton") if folder.is_dir() for p in sorted(folder.rglob("*"))]
-    for path in paths:
-        rel = os.path.relpath(path, ext)
-        if path.is_symlink():
-            digests[rel] = "link:" + os.readlink(path)
-        elif path.is_file() and path.name not in UNHASHED:
-            digests[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
-
-
-def _verified(build: Path, key: bytes) -> CompileRecord | None:
-    """The record if it is the harness's own (signature) and the artifacts are as built; else None."""
-    try:
-        stored = json.loads((build / RECORD_NAME).read_text())
-        payload = {k: stored[k] for k in ("record", "artifacts", "log_sha256")}
-        if not keys.verify(key, payload, stored.get("mac")) or payload["artifacts"] != artifact_digests(build):
-            return None
-        return CompileRecord.model_validate(payload["record"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _write_record(build: Path, key: bytes, record: CompileRecord, log: str) -> None:
-    payload = {"record": record.model_dump(mode="json"), "artifacts": artifact_digests(build),
-               "log_sha256": hashlib.sha256(log.encode()).hexdigest()}
-    write_atomic(build / RECORD_NAME, json.dumps(payload | {"mac": keys.sign(key, payload)}))
-
-
-def adopt(build: Path, record: CompileRecord) -> None:
-    """A build that arrived from another node (its bytes checked by `artifacts.unpack`), signed with this
-    cache's key so that its loads verify here. Call it under `build_lock(build, verify=False)`."""
-    log_file = build / "compile.log"
-    _write_record(build, keys.load_key(build.parent.parent), record,
-                  log_file.read_text(errors="replace") if log_file.exists() else "")
 
 
 class _Warm(NamedTuple):
@@ -192,10 +146,10 @@ class _Warm(NamedTuple):
 def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: float, device: str,
                     warm: _Warm | None, names: WarmupSpec | None = None) -> Compiled:
     key = keys.load_key(build.parent.parent)
-    record = _verified(build, key)
+    record = verified(build, key)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if record is not None:
-        log_path.write_text(f"compile cached: {build}\n" + _cached_log(build, key))
+        log_path.write_text(f"compile cached: {build}\n" + cached_log(build, key))
         if warm is None or not record.ok or record.warmup_seconds is not None:
             return Compiled(record, build, cached=True)
         return Compiled(_warm_locked(candidate, build, log_path, timeout, warm, record, key), build, cached=False)
@@ -206,7 +160,7 @@ def _compile_locked(candidate: Candidate, build: Path, log_path: Path, timeout: 
     if not record.timed_out:  # a timeout may be the machine's fault: try again next run
         log = log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
-        _write_record(build, key, record, log)
+        write_record(build, key, record, log)
     else:  # nothing of it is kept: a record it planted there (candidates can read the key) must not be found
         paths.clear(build)
     return Compiled(record, build, cached=False)
@@ -218,7 +172,7 @@ def warm_build(candidate: Candidate, build: Path, warm: WarmupSpec, device: str,
     GPU); its record updated (the warm-up's time added to the compile's) and signed again. Idempotent."""
     with build_lock(build):
         key = keys.load_key(build.parent.parent)
-        record = _verified(build, key)
+        record = verified(build, key)
         if record is None:
             raise BuildTampered(f"{build}: build artifacts do not match the harness's record; rebuilding")
         if not record.ok or record.warmup_seconds is not None:
@@ -237,7 +191,7 @@ def _warm_locked(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         log = (build / "compile.log").read_text(errors="replace") if (build / "compile.log").exists() else ""
         log += log_path.read_text(errors="replace") if log_path.exists() else ""
         write_atomic(build / "compile.log", log)
-        _write_record(build, key, record, log)
+        write_record(build, key, record, log)
     return record
 
 
@@ -289,13 +243,3 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         torch_version=reply.torch_version or "",
         sandbox=worker.sandbox_record,
     )
-
-
-def _cached_log(build: Path, key: bytes) -> str:
-    """The first build's log, when it is the one the harness recorded (a forged log is not shown)."""
-    try:
-        log = (build / "compile.log").read_text(errors="replace")
-        stored = json.loads((build / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        return ""
-    return log if hashlib.sha256(log.encode()).hexdigest() == stored.get("log_sha256") else ""

@@ -7,7 +7,7 @@ Triton's cache names a kernel's files by absolute path too (its `__grp__*.json` 
 recompile). Under a new path every command changes and every recorded source is missing, so the first load
 would recompile (needing a compiler on a node that may have none) and alter the build after it was signed.
 
-What `relocate` does, under the build's lock and before the build is signed for this node (`compile.adopt`):
+What `relocate` does, under the build's lock and before the build is signed for this node (`signed.adopt`):
 replaces the old build path by the new one in `build.ninja` and in Triton's group files, rewrites the path
 records of `.ninja_deps` (format v4), and recomputes each `.ninja_log` entry's hash for its rewritten command
 (as `ninja -t commands -s OUTPUT` prints it) with ninja's hash for that log version (MurmurHash64A for v5

@@ -1,12 +1,13 @@
-"""Build-stage warm-up: call ModelNew once on problem-shaped inputs, so JIT-compiled kernels build at compile time.
+"""Build-stage warm-up, the harness's side: which candidates call ModelNew once on problem-shaped inputs at build
+time (so JIT-compiled kernels build then), on which inputs, and where their kernels are cached.
 
 A Triton kernel (`@triton.jit`) is compiled on its first call, for the dtypes and the specialisation of the
 arguments it sees (and autotuned then, with `@triton.autotune`). Importing the candidate, which is what
 builds a `load_inline` extension, compiles nothing of it: without a warm-up its compile time would land in
 the first correctness trial and its failures would read as runtime errors. The build worker therefore
-imports the candidate (`op_import`), then runs this (`op_warmup`) on inputs made the way the reference's
-are (same `--dim` overrides and precision), so the kernels it will be judged on are in the build's Triton
-cache (`build_env`) before evaluation starts. Its time is part of the compile's.
+imports the candidate (`op_import`), then calls it (`op_warmup`, in `worker.warmup`) on inputs made the way
+the reference's are (same `--dim` overrides and precision), so the kernels it will be judged on are in the
+build's Triton cache (`build_env`) before evaluation starts. Its time is part of the compile's.
 
 What the warmed kernels depend on (the problem's bytes, `--dim`, `--precision`) is part of the build's
 folder name (`WarmupSpec.key`): one source judged on two problems or two precisions gets two builds, each
@@ -19,13 +20,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kernelbench_eval.discover.corpus import TRITON_HINTS, Problem
-from kernelbench_eval.judge.precision import cast_inputs, cast_model
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import RunSettings
-from kernelbench_eval.worker.common import _one_line
 
 
 def needs_warmup(source: str) -> bool:
@@ -65,27 +63,3 @@ def build_env(build: Path) -> dict[str, str]:
     same source is judged again, never shared with another candidate) instead of in ~/.triton.
     """
     return {"TORCH_EXTENSIONS_DIR": str(build / "ext"), "TRITON_CACHE_DIR": str(build / "triton")}
-
-
-def warm_up(candidate: Any, problem: Any, req: WorkerRequest) -> WorkerReply:
-    """One forward of `candidate.ModelNew` built from `problem`'s init inputs, on `problem.get_inputs()`."""
-    import torch
-
-    for name, value in req.dims.items():
-        if hasattr(problem, name):
-            setattr(problem, name, value)
-    device = req.device or "cpu"
-    torch.manual_seed(req.init_seed or 0)
-    init = cast_inputs(problem.get_init_inputs(), req.precision)
-    try:
-        model = candidate.ModelNew(*init)
-    except Exception as exc:  # as when judged (`op_load`): the wrong constructor is a load error
-        return WorkerReply(ok=False, error_kind="load_error", error=f"ModelNew(*init): {_one_line(exc)}")
-    model = cast_model(model.to(device) if hasattr(model, "to") else model, req.precision)
-    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x
-              for x in cast_inputs(problem.get_inputs(), req.precision)]
-    with torch.no_grad():
-        model(*inputs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return WorkerReply(ok=True, torch_version=torch.__version__)

@@ -17,6 +17,7 @@ import sys
 import threading
 
 from kernelbench_eval import interrupts
+from kernelbench_eval.isolation.teardown import skip_library_finalizers
 
 WORKER_COMMANDS = frozenset({"run", "eval", "problems", "profile", "selftest"})  # commands that start workers
 COMMANDS = WORKER_COMMANDS | {"report", "compare", "gate"}
@@ -66,23 +67,6 @@ def _starts_workers_here(argv: list[str]) -> bool:
     """A command that starts workers on this host (with Ray, lanes and compiles run elsewhere)."""
     ray = "--backend=ray" in argv or any(a == "--backend" and b == "ray" for a, b in zip(argv, argv[1:], strict=False))
     return bool(argv) and argv[0] in WORKER_COMMANDS and not ray and "--help" not in argv
-
-
-def skip_library_finalizers() -> int:
-    """Keep torch's operator libraries (one `weakref.finalize` each, run at exit) from being torn down one by one
-    at this process's exit: a tenth of a second or more, spent deregistering operators in a process that is
-    ending, at every worker's exit and the harness's. Other finalizers (a candidate's, temp folders) still
-    run. Returns how many were skipped."""
-    import weakref
-
-    skipped = 0
-    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
-        info = finalizer.peek()
-        func = info[1] if info else None
-        if getattr(func, "__module__", "") == "torch.library" and getattr(func, "__name__", "") == "_del_library":
-            finalizer.atexit = False
-            skipped += 1
-    return skipped
 
 
 def leave(code: object) -> None:

@@ -11,6 +11,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kernelbench_eval.budgets import DEFAULT as BUDGETS
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.cli import options as opt
 from kernelbench_eval.cli.options import JudgeOptions, judging_options
 from kernelbench_eval.cli.output import console, usage_error, warn
@@ -23,7 +25,7 @@ def problems_cmd(
     problems: Annotated[Path, typer.Option("--problems", help="folder of problem files")] = Path("problems"),
     dim: opt.DimOpt = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="each problem at its KBEVAL_SMOKE_DIMS sizes")] = False,
-    timeout: opt.TimeoutOpt = 120.0,
+    timeout: opt.DescribeTimeoutOpt = BUDGETS.describe,
 ) -> None:
     """List the problems with their input shapes (each problem is imported in its own process)."""
     opt.check_values({"timeout": timeout})
@@ -48,7 +50,8 @@ def problems_cmd(
 
 @judging_options(only=("device", "precision", "dim", "smoke", "threads", "timeout", "cache_dir"),
                  replace={"smoke": (Annotated[bool, typer.Option(
-                     "--smoke", help="profile at the problem's KBEVAL_SMOKE_DIMS sizes (--dim wins)")], False)})
+                     "--smoke", help="profile at the problem's KBEVAL_SMOKE_DIMS sizes (--dim wins)")], False),
+                          "timeout": (opt.ProfileTimeoutOpt, BUDGETS.candidate)})
 def profile_cmd(
     problem_file: Annotated[Path, typer.Argument(help="the problem's .py file (class Model)", exists=True,
                                                  dir_okay=False)],
@@ -71,8 +74,8 @@ def profile_cmd(
     except ValueError as exc:
         raise usage_error(exc) from exc
     report = profile_pair(problem_file, candidate_file, settings.device, judging.cache(), dims=settings.dims,
-                          precision=settings.precision, threads=settings.threads, timeout=judging.timeout,
-                          warmup=warmup)
+                          precision=settings.precision, threads=settings.threads, warmup=warmup,
+                          budgets=Budgets.of(judging.timeout, compile_timeout=judging.timeout))  # its one limit
     if json_out:
         print(report.model_dump_json(indent=2))
     else:

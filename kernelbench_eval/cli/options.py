@@ -8,7 +8,7 @@ is written here once and a command asks `judging.settings(...)` instead of passi
 Help texts stay plain (the app renders help without rich markup, so `[ray]` survives and nothing is cut at
 80 columns). Timing options default to None: `plan.build_settings` fills them from `plan.DEFAULTS`, or from
 `plan.SMOKE` under `--smoke`, so an option typed explicitly always wins. Every other default is read from
-where it takes effect (`RunSettings`, `RunOptions`), never written again here.
+where it takes effect (`RunSettings`, `RunOptions`, `budgets.Budgets`), never written again here.
 
 Every value is checked by `check_values` and `check_folders` before the command's body runs (the decorator
 calls them), so a nonsense number or an unwritable folder costs one line and exit 2, not a crash minutes
@@ -30,6 +30,8 @@ from typing import Annotated, Any, ClassVar
 
 import typer
 
+from kernelbench_eval.budgets import DEFAULT as BUDGETS
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.cli.output import usage_error
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.records import RunSettings
@@ -38,8 +40,15 @@ from kernelbench_eval.run.setup import RunOptions, default_cache_dir
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cuda or cpu")]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles (default: CPU count)")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for one candidate's check and timing")]
-CompileTimeoutOpt = Annotated[float, typer.Option("--compile-timeout", help="seconds for one compile")]
+TimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", help="seconds for one candidate's check and timing; also for opening a problem's reference, each "
+                      "request to it and each timing of it alone")]
+CompileTimeoutOpt = Annotated[float, typer.Option(
+    "--compile-timeout", help="seconds for one candidate's build (with its warm-up call); also for the torch.compile "
+                              "baseline")]
+DescribeTimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds for each problem's import and shapes")]
+ProfileTimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", help="seconds for each model's profile; also for the candidate's build")]
 TrialsOpt = Annotated[int | None, typer.Option("--trials", help="correctness trials, each on fresh random inputs "
                                                                 "[default: 5; --smoke: 2]")]
 AtolOpt = Annotated[float | None, typer.Option("--atol", help="absolute tolerance (default: by --tolerance)")]
@@ -60,6 +69,9 @@ RseOpt = Annotated[float, typer.Option("--target-rse", help="stop timing once th
 BudgetOpt = Annotated[float | None, typer.Option("--timing-budget", help="seconds of timing per candidate, at most "
                                                                          "[default: 10; --smoke: 2]")]
 GraphOpt = Annotated[bool, typer.Option("--cuda-graph", help="time CUDA-graph replays (falls back to plain calls)")]
+MethodOpt = Annotated[str, typer.Option(
+    "--timing", help="how calls are timed: kbeval (the harness's own), kernelbench (KernelBench's cuda_event: mean "
+                     "of --reps calls, L2 thrash) or kernelbench-2025 (its January 2025 method: no flush)")]
 CompileBaselineOpt = Annotated[bool | None, typer.Option(
     "--compile-baseline/--no-compile-baseline", help="time the reference under torch.compile too "
                                                      "[default: on; --smoke: off]")]
@@ -114,8 +126,8 @@ class JudgeOptions:
 
     smoke: SmokeOpt = False
     device: DeviceOpt = "auto"
-    timeout: TimeoutOpt = _run_option("timeout")
-    compile_timeout: CompileTimeoutOpt = _run_option("compile_timeout")
+    timeout: TimeoutOpt = BUDGETS.candidate  # with the reference's (`Budgets.of`)
+    compile_timeout: CompileTimeoutOpt = BUDGETS.build  # with torch.compile's
     trials: TrialsOpt = None
     atol: AtolOpt = None
     rtol: RtolOpt = None
@@ -130,6 +142,7 @@ class JudgeOptions:
     target_rse: RseOpt = _setting("target_rse")
     timing_budget: BudgetOpt = None
     cuda_graph: GraphOpt = _setting("cuda_graph")
+    timing: MethodOpt = _setting("timing")
     compile_baseline: CompileBaselineOpt = None
     max_speedup: MaxSpeedupOpt = _setting("max_speedup")
     dim: DimOpt = None
@@ -143,7 +156,7 @@ class JudgeOptions:
 
     def settings(self, problems: list[Problem], warnings: list[str]) -> RunSettings:
         """The run's settings for these problems; ValueError naming the option when one is wrong."""
-        return build_settings(self.device, self.dim, self.threads, self.smoke, problems, warnings,
+        return build_settings(self.device, self.dim, self.threads, self.smoke, problems, warnings, self.timing,
                               **precision_settings(self.precision, self.tolerance, self.atol, self.rtol),
                               target_rse=self.target_rse, cuda_graph=self.cuda_graph, max_speedup=self.max_speedup,
                               account_launches=self.account_launches,
@@ -161,7 +174,7 @@ class JudgeOptions:
 
     def run_fields(self) -> dict[str, Any]:
         """The `RunOptions` fields these options set besides the settings."""
-        return {"timeout": self.timeout, "compile_timeout": self.compile_timeout, "cache_dir": self.cache(),
+        return {"budgets": Budgets.of(self.timeout, self.compile_timeout), "cache_dir": self.cache(),
                 "baselines": self.baselines}
 
 

@@ -21,13 +21,18 @@ import socket
 import sys
 import tempfile
 import traceback
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn, Protocol
 
 from kernelbench_eval.isolation.forkclient import TOKEN_LENGTH, TOKEN_PLACEHOLDER, TOKEN_VAR, WORKER_MODULE
 from kernelbench_eval.isolation.linux import die_with_parent, environment_block, keep_memory_private, open_fds
 
-if TYPE_CHECKING:
-    from kernelbench_eval.isolation.forkserver import _Server
+
+class _Server(Protocol):
+    """What a child needs of the server it was forked from (`forkserver._Server`, not imported: it imports this)."""
+
+    pid: int
+
+    def close_in_child(self, conn: socket.socket) -> None: ...
 
 
 def token_address() -> int | None:

@@ -46,11 +46,11 @@ import socket
 import sys
 from typing import Any
 
-from kernelbench_eval.cli.entry import skip_library_finalizers
 from kernelbench_eval.isolation.forkchild import child, token_address
 from kernelbench_eval.isolation.forkclient import MAX_REQUEST_BYTES, TOKEN_VAR, WORKER_MODULE
 from kernelbench_eval.isolation.forkpool import REPLY_TIMEOUT, read_line
 from kernelbench_eval.isolation.linux import die_with_parent, keep_memory_private, open_fds
+from kernelbench_eval.isolation.teardown import skip_library_finalizers
 
 # Imported by the server too, once (`preload`): `load_inline`'s module pulls in setuptools, and compiling those
 # sources in every worker cost each extension candidate's load 0.37 s of its 0.42 s on an H200 host

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kernelbench_eval.records import Baseline
-from kernelbench_eval.results.record import write_atomic
 from kernelbench_eval.store import keys, locks
+from kernelbench_eval.store.atomic import write_atomic
 
 FILE_NAME = "baselines.json"
 MAC = "mac"

@@ -18,10 +18,10 @@ from pathlib import Path
 from kernelbench_eval.building.compile import Compiled, build_lock, extension_env, private_triton
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
+from kernelbench_eval.judge.checker import ReferenceFailure
 from kernelbench_eval.judge.measure import Deadline
-from kernelbench_eval.judge.reference import ReferenceFailure, ReferenceSide
-from kernelbench_eval.judge.refguard import settle_reference
-from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.judge.reference import ReferenceSide
+from kernelbench_eval.messages import CheckResult, WorkerRequest
 from kernelbench_eval.records import Findings
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
@@ -40,7 +40,8 @@ class CandidateRun:
         self.phases: dict[str, float] = {}
         self.exchange_kind: str | None = None
         self.exchange_bytes = 0  # the lent exchange's size: a reported output must lie inside it
-        self.block_calls = 1  # timed calls a block holds, as the lent exchange allows (`ReferenceSide.lend`)
+        self.block_calls = 1  # timed calls a block holds, as the lent exchange allows (`Lender.lend`)
+        self.timed_error: float | None = None  # its largest error over its timed calls (`note_precision`)
         self._lent = False
 
     def __enter__(self) -> CandidateRun:
@@ -51,7 +52,7 @@ class CandidateRun:
             self.worker.close()  # first: the exchange is freed only once nothing can write into it
         if self._lent:
             with contextlib.suppress(WorkerFailure):  # a failed checker is marked broken and opened again
-                self.ref.reclaim()
+                self.ref.lender.reclaim()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     @contextmanager
@@ -81,9 +82,7 @@ class CandidateRun:
 
     def start(self) -> bool:
         """Its worker, its model (under the build's lock) and the checker's exchange buffer, attached."""
-        checker = self.ref.worker.proc if self.ref.worker is not None else None
-        if checker is not None and self.ref.sched and not settle_reference(checker.pid, self.ref.sched):
-            self.ref.broken = True  # put back what it could; the next candidate gets a reference opened afresh
+        self.ref.checker.settle()  # the reference as opened (what cannot be put back: opened afresh next time)
         with self.stage("loading", "spawn"):
             (self.workdir / "init.pt").write_bytes(self.ref.init_bytes)
             env = extension_env(self.build.build_dir, triton=self.workdir / "triton")  # a copy: private_triton
@@ -111,31 +110,17 @@ class CandidateRun:
 
     def _attach(self) -> None:
         assert self.worker is not None
-        info = self.ref.lend(self.workdir)
+        info = self.ref.lender.lend(self.workdir)
         self._lent = True
-        try:
-            self.worker.call(WorkerRequest(op="attach", exchange=info, placements=self.ref.placements),
-                             self.deadline.left())
-            self.exchange_kind = info.kind
-        except WorkerFailure as exc:
-            if info.kind != "cuda_ipc":
-                raise
-            self.ref.ipc = False  # CUDA IPC refused here: shared memory from now on, for every candidate
-            self.ref.ipc_refused = exc.message
-            info = self.ref.lend(self.workdir)
-            self.worker.call(WorkerRequest(op="attach", exchange=info, placements=self.ref.placements),
-                             self.deadline.left())
+        info = self.ref.lender.attach(self.worker, info, self.workdir, self.deadline)
         self.exchange_bytes, self.block_calls = info.size, info.calls
-        if info.kind == "shm" and self.ref.ipc_refused:
-            self.exchange_kind = f"shm (CUDA IPC refused: {self.ref.ipc_refused[:200]})"
-        else:
-            self.exchange_kind = info.kind
+        self.exchange_kind = self.ref.lender.kind_of(info)
 
     # -- correctness ---------------------------------------------------------------------------------
 
     def check_trials(self) -> bool:
         """Every trial, run twice over differently filled free memory; both runs must match the reference."""
-        for trial in range(len(self.ref.metas)):
+        for trial in range(len(self.ref.lender.metas)):
             with self.stage(f"trial {trial}", "trials"):
                 self._check_trial(trial)
             if not self.ok:
@@ -146,8 +131,8 @@ class CandidateRun:
     def _check_trial(self, trial: int) -> None:
         assert self.worker is not None
         name = f"trial{trial}"
-        self.ref.feed(self.worker, [name], self.deadline, drop=True)  # one trial's set at a time (`memory`)
-        slots = self.ref.timed_layout(1)[0]
+        self.ref.lender.feed(self.worker, [name], self.deadline, drop=True)  # one trial's set at a time (`memory`)
+        slots = self.ref.lender.timed_layout(1)[0]
         # a stateful reference was called once per trial: so is the candidate, or their states part
         for run, sentinel in enumerate(SENTINELS[:1] if self.ref.stateful else SENTINELS):
             reply = self.worker.call(WorkerRequest(op="run", name=name, sentinel=sentinel, slots=slots),
@@ -179,6 +164,12 @@ class CandidateRun:
         except WorkerFailure:
             return None
 
+    def note_precision(self, check: CheckResult) -> None:
+        """Its precision over its timed calls so far, from a timed block's check (`judging`)."""
+        error = check.precision.candidate_error if check.precision else None
+        if error is not None and (self.timed_error is None or error > self.timed_error):
+            self.timed_error = error
+
     def note_diffs(self, max_diff: float | None, mean_diff: float | None) -> None:
         if max_diff is not None:
             self.findings.max_abs_diff = max(self.findings.max_abs_diff or 0.0, max_diff)
@@ -192,7 +183,7 @@ def count_launches(run: CandidateRun) -> None:
     assert run.worker is not None
     started = time.perf_counter()
     try:  # accounting, not judging: a profiler that fails leaves the verdict as it was, with a note
-        name = run.ref.timing_sets()[0]  # a set it holds after the timing (trial sets are dropped by then)
+        name = run.ref.lender.timing_sets()[0]  # a set it holds after the timing (trial sets are dropped by then)
         reply = run.worker.call(WorkerRequest(op="profile", name=name, warmup=1), run.deadline.left())
         run.findings.kernels, run.findings.kernels_warning = reply.kernels, warning_for(reply.kernels)
     except WorkerFailure as exc:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled
 from kernelbench_eval.judge.candidate import CandidateRun, count_launches
+from kernelbench_eval.judge.kbmethod import per_call
 from kernelbench_eval.judge.precision import precision_reason
 from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
-from kernelbench_eval.judge.stats import per_call_ms
 from kernelbench_eval.judge.timed import time_candidate
 from kernelbench_eval.records import Findings
 
@@ -24,7 +24,6 @@ __all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]
 
 def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> Findings:
     """Check every trial, then (only when all pass) time the candidate against the reference."""
-    ref.timed_error = None  # this candidate's, from its timed calls' checks
     with CandidateRun(ref, build, path, log, timeout) as run:
         if run.start() and run.check_trials():
             time_candidate(run)
@@ -35,12 +34,12 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
         run.findings.distributions_note = ref.distributions_note
         _doubt_precision(run)
         if run.worker is not None:
-            run.findings.memory = ref.memory_record(run.peak_bytes())
-        if ref.baseline:
-            run.findings.baseline_conditions = ref.baseline.conditions
-            run.findings.baseline_remeasured = ref.baseline_remeasured
-            if ref.baseline.compiled:
-                run.findings.compile_runtime_ms = per_call_ms(ref.baseline.compiled_samples)
+            run.findings.memory = ref.lender.memory_record(run.peak_bytes())
+        if baseline := ref.baselines.baseline:
+            run.findings.baseline_conditions = baseline.conditions
+            run.findings.baseline_remeasured = ref.baselines.remeasured
+            if baseline.compiled:
+                run.findings.compile_runtime_ms = per_call(ref.settings.timing, baseline.compiled_samples)
         if run.findings.timing is not None:
             run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
         return run.findings
@@ -52,7 +51,7 @@ def _doubt_precision(run: CandidateRun) -> None:
     found, settings = run.findings, run.ref.settings
     check = found.precision_check
     if check is not None:
-        check.timed_error = run.ref.timed_error
+        check.timed_error = run.timed_error
     if not found.correct or check is None or settings.allow_reduced_precision:
         return
     reason = precision_reason(check.candidate_error, check.reference_error, settings.precision, check.output,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from kernelbench_eval.isolation import cores, gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
+from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.memory import IN_PLACE_BYTES, KEPT_BYTES
 from kernelbench_eval.judge.stats import WINDOW, Samples
 from kernelbench_eval.messages import Slot, WorkerReply, WorkerRequest
@@ -150,11 +151,10 @@ def block_calls(output_bytes: int, in_place: bool = False) -> int:
 
 
 def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettings, deadline: Deadline,
-            calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None,
-            ) -> Measurement:
-    """Time every model, block by block in alternating order, until the stopping rule is met."""
+            calls_per_block: int, after_block: Callable[[int, list[Call]], None] | None = None) -> Measurement:
+    """Time every model, block by block in alternating order, until the stopping rule (`kbmethod.measured`) is met."""
     with _no_full_collections():
-        return _measure(timed, input_sets, settings, deadline, calls_per_block, after_block)
+        return _measure(timed, input_sets, kbmethod.measured(settings), deadline, calls_per_block, after_block)
 
 
 def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettings, deadline: Deadline,
@@ -167,14 +167,14 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
             one.before()
         warmed = _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
                                               warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
-                                              graph=settings.cuda_graph), deadline)
+                                              graph=settings.cuda_graph, method=settings.timing), deadline)
         one.warm_launch_ms = Samples(warmed.launch_ms)
     started = time.monotonic()
     blocks, schedule, overlap = 0, [], False
     poll = POLL_S if settings.device == "cuda" and cores.harness_may_poll() else 0.0
     while True:
         schedule = [(rng.randrange(len(input_sets)), rng.uniform(*SCALE_RANGE), rng.randrange(1 << 62))
-                    for _ in range(calls_per_block)]
+                    for _ in range(kbmethod.calls(settings, calls_per_block, len(timed[0].event_ms)))]
         cover = cover_s(timed) if settings.device == "cuda" else 0.0
         for one in timed if blocks % 2 == 0 else timed[::-1]:
             if one.before:
@@ -202,7 +202,7 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
         blocks += 1
         if _done(timed, settings, time.monotonic() - started):
             return Measurement(timed, blocks, time.monotonic() - started, schedule)
-        overlap = overlaps(timed, settings, calls_per_block)
+        overlap = overlaps(timed, settings, calls_per_block) and not kbmethod.is_kernelbench(settings.timing)
 
 
 def cover_s(timed: list[TimedModel]) -> float:

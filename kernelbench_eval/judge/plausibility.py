@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.measure import TimedModel
 from kernelbench_eval.judge.stats import Samples
 
@@ -38,10 +39,15 @@ class Assessment:
     speedup_trusted: bool = True
 
 
-def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | None, threads: int | None = None
-           ) -> Assessment:
-    """The candidate's runtime and the reasons, if any, to distrust it."""
-    result = Assessment(runtime_ms=cand.per_call())
+def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | None, threads: int | None = None,
+           method: str = kbmethod.OWN) -> Assessment:
+    """The candidate's runtime and the reasons, if any, to distrust it; what a call costs is `method`'s statistic
+    (`kbmethod.per_call`: KernelBench's mean, or the harness's median of window means)."""
+
+    def per_call(samples: list[float]) -> float:
+        return kbmethod.per_call(method, samples)
+
+    result = Assessment(runtime_ms=per_call(cand.event_ms))
     cores, ref_cores = cand.cores_used(), ref.cores_used()
     if device == "cpu" and threads and too_many_cores(cores, ref_cores, threads):
         result.reasons.append(f"it kept {cores:.2g} cores busy while timed ({ref_cores:.2g} for the reference), "
@@ -57,8 +63,9 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
             f"its timer reported more time than its calls took: {-over:.3g} ms per call beyond the harness's wall "
             "clock in a block (slow calls forged to pass the clock check, or to widen its interval)")
         result.speedup_trusted = False
-    # the slack scales with what the candidate's calls cost (the runtime's own statistic), not with their mean: a
-    # few forged slow calls raised the mean, and with it the slack, over the time hidden in all the others
+    # the slack scales with what the candidate's calls cost (the harness's own statistic, whatever the method), not
+    # with their mean: a few forged slow calls raised the mean, and with it the slack, over the time hidden in all
+    # the others
     explained = cand.device_ms.per_call()
     excess = cand.unexplained() - ref.unexplained()
     if excess > clock_slack(explained) and significant(cand.paired_gaps(ref)):
@@ -70,11 +77,11 @@ def assess(ref: TimedModel, cand: TimedModel, device: str, floor_ms: float | Non
     if device == "cuda":
         tail = cand.device_tail() - ref.device_tail()
         if tail > max(TAIL_SLACK_MS, TAIL_SLACK_SHARE * result.runtime_ms):
-            result.runtime_ms = cand.device_ms.per_call() - ref.device_tail()
+            result.runtime_ms = per_call(cand.device_ms) - ref.device_tail()
             result.reasons.append(
                 f"work continues after the call returns ({tail:.3g} ms per call, e.g. on another CUDA stream); "
                 f"timed device-wide instead: {result.runtime_ms:.3g} ms")
-        slowed = flush_slowed(cand, ref) if result.runtime_ms < ref.per_call() / NOT_FASTER else None
+        slowed = flush_slowed(cand, ref) if result.runtime_ms < per_call(ref.event_ms) / NOT_FASTER else None
         if slowed is not None:  # (a candidate no faster than the reference gained nothing by work under the flush)
             result.reasons.append(
                 f"the cache flush before each of its calls took {slowed * 1e3:.3g} us longer than before the "

@@ -128,15 +128,17 @@ def _windows(samples: Sequence[float]) -> torch.Tensor:
     return torch.tensor(window_means(list(samples)), dtype=torch.float64)
 
 
-def _resampled(windows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """The median of each resample, as `statistics.median` takes it (the middle two averaged)."""
+def _resampled(windows: torch.Tensor, idx: torch.Tensor, mean: bool = False) -> torch.Tensor:
+    """The median of each resample, as `statistics.median` takes it (the middle two averaged); with `mean`, its
+    mean (KernelBench's statistic, `kbmethod`: the windows are of equal size where the calls divide into them, and
+    their mean is then the calls')."""
     import torch
 
-    return torch.quantile(windows[idx], 0.5, dim=1)
+    return windows[idx].mean(dim=1) if mean else torch.quantile(windows[idx], 0.5, dim=1)
 
 
 def paired_windows(reference: Sequence[float], candidate: Sequence[float], resamples: int,
-                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                   generator: torch.Generator, mean: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Bootstrap `per_call_ms` of two lanes timed side by side, resampling windows *in pairs*.
 
     Call i of each lane ran on the same inputs, moments apart, so a burst of host load slows both: resampling
@@ -150,15 +152,16 @@ def paired_windows(reference: Sequence[float], candidate: Sequence[float], resam
     n = min(len(reference), len(candidate))
     ref, cand = _windows(list(reference)[:n]), _windows(list(candidate)[:n])
     idx = torch.randint(len(ref), (resamples, len(ref)), generator=generator)
-    return _resampled(ref, idx), _resampled(cand, idx)
+    return _resampled(ref, idx, mean), _resampled(cand, idx, mean)
 
 
-def unpaired_windows(samples: Sequence[float], resamples: int, generator: torch.Generator) -> torch.Tensor:
+def unpaired_windows(samples: Sequence[float], resamples: int, generator: torch.Generator, mean: bool = False
+                     ) -> torch.Tensor:
     """Bootstrap `per_call_ms` of one lane timed on its own (a baseline), resampling its windows."""
     import torch
 
     windows = _windows(samples)
-    return _resampled(windows, torch.randint(len(windows), (resamples, len(windows)), generator=generator))
+    return _resampled(windows, torch.randint(len(windows), (resamples, len(windows)), generator=generator), mean)
 
 
 def _interval(values: torch.Tensor, confidence: float) -> tuple[float, float]:
@@ -170,38 +173,39 @@ def _interval(values: torch.Tensor, confidence: float) -> tuple[float, float]:
 
 
 def speedup_ci(reference: Sequence[float], candidate: Sequence[float], confidence: float = 0.95,
-               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """95 % interval of per_call(reference) / per_call(candidate), the lanes' windows paired."""
+               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, mean: bool = False) -> tuple[float, float]:
+    """95 % interval of per_call(reference) / per_call(candidate), the lanes' windows paired (`mean`: of the
+    ratio of their means)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     if len(reference) != len(candidate):  # not timed side by side: nothing to pair
-        return ratio_ci(reference, candidate, confidence, resamples, seed)
-    ref, cand = paired_windows(reference, candidate, resamples, generator)
+        return ratio_ci(reference, candidate, confidence, resamples, seed, mean)
+    ref, cand = paired_windows(reference, candidate, resamples, generator, mean)
     return _interval(ref / cand, confidence)
 
 
 def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95,
-             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, mean: bool = False) -> tuple[float, float]:
     """95 % interval of per_call(numerator) / per_call(denominator), measured apart (each resampled alone)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    top, bottom = unpaired_windows(numerator, resamples, generator), unpaired_windows(denominator, resamples, generator)
+    top, bottom = (unpaired_windows(group, resamples, generator, mean) for group in (numerator, denominator))
     return _interval(top / bottom, confidence)
 
 
 def chained_speedup_ci(base_other: Sequence[float], base_eager: Sequence[float], eager: Sequence[float],
-                       candidate: Sequence[float]) -> tuple[float, float]:
+                       candidate: Sequence[float], mean: bool = False) -> tuple[float, float]:
     """95 % interval of (other / eager) from the baseline times (eager / candidate) measured side by side."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
-    other, base = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator) for group in (base_other, base_eager))
+    other, base = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator, mean) for group in (base_other, base_eager))
     if len(eager) != len(candidate):
-        ref, cand = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator) for group in (eager, candidate))
+        ref, cand = (unpaired_windows(group, BOOTSTRAP_RESAMPLES, generator, mean) for group in (eager, candidate))
     else:
-        ref, cand = paired_windows(eager, candidate, BOOTSTRAP_RESAMPLES, generator)
+        ref, cand = paired_windows(eager, candidate, BOOTSTRAP_RESAMPLES, generator, mean)
     return _interval(other / base * ref / cand, 0.95)
 
 

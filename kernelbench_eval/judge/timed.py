@@ -13,26 +13,24 @@ with itself timed alone (`refguard`), so slowing the reference down is not a way
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kernelbench_eval.isolation import gpus
+from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.candidate import CandidateRun
 from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
 from kernelbench_eval.judge.measure import Call, TimedModel, cover_s, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
-from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn, check_reference
+from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn
 from kernelbench_eval.judge.sessions import (
-    between_sessions,
     rerun_interval,
     unresolved,
     widened,
 )
 from kernelbench_eval.judge.stats import (
-    Samples,
     chained_speedup_ci,
     finite,
-    per_call_ms,
-    rse_per_call,
     speedup_ci,
 )
 from kernelbench_eval.measured import Timing, TimingStats
@@ -69,13 +67,13 @@ def time_candidate(run: CandidateRun) -> None:
     twice. Only the last measurement is reported."""
     with run.stage("timing"):
         assert run.worker is not None
-        run.ref.feed(run.worker, run.ref.timing_sets(), run.deadline, drop=True)
+        run.ref.lender.feed(run.worker, run.ref.lender.timing_sets(), run.deadline, drop=True)
         for attempt in (1, 2):
             timed = _measure_once(run)
             if timed is None:
                 return
-            verdict = assess(timed.ref, timed.cand, run.ref.settings.device, run.ref.floor_ms(),
-                            run.ref.settings.threads)
+            verdict = assess(timed.ref, timed.cand, run.ref.settings.device, run.ref.timing.floor_ms(),
+                             run.ref.settings.threads, run.ref.settings.timing)
             timed.agreement = _check_reference(run, timed)
             disturbed = timed.agreement is not None and timed.agreement.outcome == "disturbed"
             if (verdict.speedup_trusted and not disturbed) or attempt == 2:
@@ -89,16 +87,13 @@ def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
     throughout, and is let go after."""
     ref_side, guard = run.ref, timed.guard
     try:
-        if not ref_side.alone:
-            return None
         budget = min(max(ref_side.settings.timing_budget / 2, 1.0), run.deadline.left())
         stand_in = StandIn(timed.ref.idle_s)  # the candidate's turns, as the reference waited through them
-        agreement, ref_side.alone = check_reference(timed.ref.event_ms, ref_side.alone, ref_side.settings.device,
-                                                    guard, lambda: ref_side.time_alone(budget, stand_in))
-        return agreement
+        return ref_side.timing.recheck(timed.ref.event_ms, guard, budget, stand_in)
     finally:
         guard.release()
-        ref_side.broken |= guard.broken
+        if guard.broken:
+            ref_side.checker.mark_broken()
 
 
 def _measure_once(run: CandidateRun) -> _Timed | None:
@@ -114,8 +109,9 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
 
 def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
     ref_side, settings = run.ref, run.ref.settings
-    assert ref_side.worker is not None and run.worker is not None
-    layout = ref_side.timed_layout(calls_per_block)
+    checker, lender = ref_side.checker, ref_side.lender
+    assert checker.worker is not None and run.worker is not None
+    layout = lender.timed_layout(calls_per_block)
     exchange_bytes = run.exchange_bytes
 
     def resume() -> None:
@@ -124,8 +120,8 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
         if guard.release():
             run.worker.call(WorkerRequest(op="export", calls=[]), run.deadline.left())
 
-    guard = Guard(run.worker, ref_side.worker, ref_side.sched)
-    ref = TimedModel(ref_side.worker, before=guard.before_reference)
+    guard = Guard(run.worker, checker.worker, checker.sched)
+    ref = TimedModel(checker.worker, before=guard.before_reference)
     cand = TimedModel(run.worker, layout=layout, before=resume)
     checked = in_place = 0
 
@@ -151,6 +147,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
         if ref_side.stateful:  # no output of a timed call is the reference's for that call: nothing to compare
             return
         result = ref_side.compare_timed(calls, [s for s in slots if s is not None], metas)
+        run.note_precision(result)
         run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
         checked += len(calls)
         run.note_diffs(result.max_abs_diff, result.mean_abs_diff)
@@ -162,7 +159,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
     clocks = [sm_clock_mhz(gpu)] if settings.device == "cuda" else []
     started = time.monotonic()
     try:
-        result = measure([ref, cand], ref_side.timing_sets(), settings, run.deadline, calls_per_block, check)
+        result = measure([ref, cand], lender.timing_sets(), settings, run.deadline, calls_per_block, check)
     except _WrongOutput:
         guard.release()
         return None
@@ -176,43 +173,51 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
 
 def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
     ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
-    ref_ms, agreement = ref.per_call(), timed.agreement
+    method, mean = settings.timing, kbmethod.is_kernelbench(settings.timing)  # KernelBench's: every time a mean
+
+    def per_call(samples: list[float]) -> float:
+        return kbmethod.per_call(method, samples)
+
+    ref_ms, agreement = per_call(ref.event_ms), timed.agreement
     speedup = ref_ms / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
-    within = speedup_ci(ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)) if speedup else None
+    shifted = _shifted(cand.event_ms, verdict.runtime_ms, per_call)
+    within = speedup_ci(ref.event_ms, shifted, mean=mean) if speedup else None
     reason = speedup_reason(speedup, settings.max_speedup, within)  # a claim implausible even within its session
     reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
     if agreement is not None and agreement.outcome == "disturbed":
         reasons.append(agreement.reason(ref_ms))
-    between = record_session(run.ref.session_ms, ref_ms, doubted=bool(reasons))
+    between = run.ref.timing.add_session(ref_ms, doubted=bool(reasons))
     shorter = min(ref_ms, verdict.runtime_ms)  # the call whose absolute floor weighs most (`stats.prior_sd`)
     interval = widened(within, speedup, between, shorter, settings.device) if speedup and within else None
-    stats, ref_stats = TimingStats.from_samples(cand.event_ms), TimingStats.from_samples(ref.event_ms)
+    stats, ref_stats = TimingStats.from_samples(cand.event_ms, mean), TimingStats.from_samples(ref.event_ms, mean)
     cuda = settings.device == "cuda"
     busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
     latency, ref_latency = cand.latency_ms(), ref.latency_ms()
-    latency_speedup = ref_latency.per_call() / latency.per_call() if speedup and latency else None
+    latency_speedup = per_call(ref_latency) / per_call(latency) if speedup and latency else None
+    basis = kbmethod.basis(method, settings.device, len(cand.event_ms)) if mean else "device" if cuda else "wall"
     findings.timing = Timing(
-        candidate=stats, reference=ref_stats, speedup=speedup, basis="device" if cuda else "wall",
-        latency_ms=latency.per_call() if latency else None,
-        ref_latency_ms=ref_latency.per_call() if ref_latency else None,
+        candidate=stats, reference=ref_stats, speedup=speedup, basis=basis,
+        latency_ms=per_call(latency) if latency else None,
+        ref_latency_ms=per_call(ref_latency) if ref_latency else None,
         latency_speedup=latency_speedup, launch_ms=cand.launch_ms.median() if cand.launch_ms else None,
         ref_launch_ms=ref.launch_ms.median() if ref.launch_ms else None,
-        cover_ms=cover_s([ref, cand]) * 1e3 if cuda else None,
+        cover_ms=cover_s([ref, cand]) * 1e3 if cuda and not mean else None,
         unresolved=unresolved(interval, within, between, shorter, settings.device) if speedup else None,
         speedup_ci=interval, speedup_ci_within=within,
         speedup_rerun_interval=rerun_interval(interval, speedup) if interval and speedup else None,
         between_sd=between[0] if between else None,
         between_df=between[1] if between else None,
-        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts, rse=finite(rse_per_call(cand.event_ms)),
-        ref_rse=finite(rse_per_call(ref.event_ms)), wall_ms_per_call=cand.wall_per_call(),
+        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts,
+        rse=finite(kbmethod.rse(method, cand.event_ms)), ref_rse=finite(kbmethod.rse(method, ref.event_ms)),
+        wall_ms_per_call=cand.wall_per_call(),
         ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
         device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
         gate_ms=cand.gate_ms.median() if cand.gate_ms else None,
         ref_gate_ms=ref.gate_ms.median() if ref.gate_ms else None,
-        event_overhead_ms=run.ref.event_overhead_ms,
+        event_overhead_ms=run.ref.timing.event_overhead_ms,
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
-        floor_ms=run.ref.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
+        floor_ms=run.ref.timing.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
         in_place_calls=timed.in_place if cuda else None, block_calls=timed.calls_per_block,
         overlapped_calls=cand.overlapped if cuda else None, late_calls=cand.late if cuda else None,
         ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
@@ -221,11 +226,11 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     findings.correct, findings.runtime_ms, findings.runtime_stats = True, verdict.runtime_ms, stats
     findings.speedup = findings.speedup_vs_eager = speedup
     findings.speedup_vs_eager_ci = findings.timing.speedup_ci
-    base = run.ref.baseline
+    base = run.ref.baselines.baseline
     if speedup and base and base.compiled:
-        findings.speedup_vs_compile = per_call_ms(base.compiled_samples) / per_call_ms(base.eager_samples) * speedup
+        findings.speedup_vs_compile = per_call(base.compiled_samples) / per_call(base.eager_samples) * speedup
         findings.speedup_vs_compile_ci = widened(chained_speedup_ci(
-            base.compiled_samples, base.eager_samples, ref.event_ms, _shifted(cand.event_ms, verdict.runtime_ms)),
+            base.compiled_samples, base.eager_samples, ref.event_ms, shifted, mean),
             findings.speedup_vs_compile, between, shorter, settings.device)
     if reasons:
         findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
@@ -252,18 +257,8 @@ def placed_slots(slots: list[Slot], placed: list[Slot] | None, exchange_bytes: i
     return moved
 
 
-def record_session(sessions: list[float], ref_ms: float, doubted: bool) -> tuple[float, int] | None:
-    """Add this session to the problem's record (`sessions`, appended in place) unless it was doubted, and return
-    the between-session spread for this candidate's interval (`stats.between_sessions`), its session included.
-    The session joins the problem's record only when nothing in its timing was doubted: a candidate that disturbed
-    the reference must not widen the intervals of the candidates judged after it."""
-    if not doubted:
-        sessions.append(ref_ms)
-        return between_sessions(sessions)
-    return between_sessions([*sessions, ref_ms])
-
-
-def _shifted(samples: list[float], runtime_ms: float) -> list[float]:
-    """Samples moved so their time per call is the runtime we stand behind (device-wide when work escaped)."""
-    shift = runtime_ms - Samples(samples).per_call()
+def _shifted(samples: list[float], runtime_ms: float, per_call: Callable[[list[float]], float]) -> list[float]:
+    """Samples moved so their time per call (`per_call`) is the runtime we stand behind (device-wide when work
+    escaped)."""
+    shift = runtime_ms - per_call(samples)
     return [s + shift for s in samples] if shift else samples

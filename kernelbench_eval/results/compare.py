@@ -30,7 +30,7 @@ from kernelbench_eval.records import Verdict
 from kernelbench_eval.results.formatting import runtime
 
 KIND_STYLE = {"broken": "bold red", "slower": "red", "fixed": "green", "faster": "green", "added": "cyan",
-              "removed": "yellow", "source_changed": "dim"}
+              "removed": "yellow", "source_changed": "dim", "timing_changed": "dim"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ def _key(v: Verdict) -> tuple[str, str]:
 
 def _timed(v: Verdict) -> bool:
     return v.correct and v.runtime_ms > 0
+
+
+def _method(v: Verdict) -> str:
+    """What its runtime measures (`Timing.basis`, without the counts): the harness's device or wall time, or
+    KernelBench's method (`--timing`)."""
+    return v.timing.basis.split(" (")[0] if v.timing else "device" if v.device == "cuda" else "wall"
 
 
 def rule(threshold: float) -> str:
@@ -96,6 +102,10 @@ def compare(a: list[Verdict], b: list[Verdict], threshold: float = 0.05) -> Comp
                                          f"ok -> {vb.status}" + (f": {first}" if first else ""), regression=True))
         elif vb.correct and not va.correct:
             result.changes.append(Change(problem, candidate, "fixed", f"{va.status} -> ok"))
+        elif _timed(va) and _timed(vb) and _method(va) != _method(vb):  # two bases: no speed to compare
+            result.changes.append(Change(problem, candidate, "timing_changed",
+                                         f"timed two ways, not compared: {runtime(va.runtime_ms)} ms "
+                                         f"({_method(va)}) -> {runtime(vb.runtime_ms)} ms ({_method(vb)})"))
         elif _timed(va) and _timed(vb):
             kind, detail = speed_change(va, vb, threshold)
             if kind in ("slower", "faster"):

@@ -123,6 +123,8 @@ def print_verdict_detail(console: Console, verdict: Verdict) -> None:
         eager = speedup_with_interval(verdict.speedup_vs_eager, verdict.speedup_vs_eager_ci)
         compiled = speedup_with_interval(verdict.speedup_vs_compile, verdict.speedup_vs_compile_ci)
         console.print(f"speedup vs eager {eager}, vs torch.compile {compiled}", markup=False, highlight=False)
+        if verdict.timing and verdict.timing.basis not in ("device", "wall"):  # not the harness's own method
+            console.print(f"these times and speedups: {verdict.timing.basis}", markup=False, highlight=False)
     if verdict.max_abs_diff is not None:
         console.print(f"max |diff| {verdict.max_abs_diff:.3g}, mean |diff| {verdict.mean_abs_diff:.3g}, "
                       f"trials passed {verdict.trials_passed}/{verdict.trials}")

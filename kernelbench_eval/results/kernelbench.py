@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kernelbench_eval.discover import names
 from kernelbench_eval.records import Verdict
-from kernelbench_eval.results.record import write_atomic
+from kernelbench_eval.store.atomic import write_atomic
 
 FILE = "eval_results.json"
 TRIALS_RUN = ("ok", "suspicious", "incorrect")  # where KernelBench records "correctness_trials"

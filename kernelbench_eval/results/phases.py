@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernelbench_eval.results.record import write_atomic
+from kernelbench_eval.store.atomic import write_atomic
 
 PHASES = ("build", "reference", "judge")
 FILE_NAME = "phases.json"

@@ -17,19 +17,10 @@ from pathlib import Path
 
 from kernelbench_eval.records import RunManifest, Verdict
 from kernelbench_eval.results.formatting import runtime
+from kernelbench_eval.store.atomic import write_atomic
 
 VERDICTS = "verdicts.jsonl"
 MANIFEST = "run.json"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 class ManifestMismatch(ValueError):

@@ -26,7 +26,8 @@ from kernelbench_eval.results.display import status_counts, verdict_table
 from kernelbench_eval.results.formatting import fit_items, number, runtime_text
 from kernelbench_eval.results.html_report import render_html
 from kernelbench_eval.results.kernelbench import write_eval_results
-from kernelbench_eval.results.record import RunRecorder, write_atomic
+from kernelbench_eval.results.record import RunRecorder
+from kernelbench_eval.store.atomic import write_atomic
 
 FORMATS = ("table", "csv", "json", "markdown", "html", "junit", "summary")
 COLUMNS = ["problem", "candidate", "status", "correct", "runtime_ms", "ref_runtime_ms", "speedup", "speedup_low",

@@ -15,16 +15,9 @@ from pathlib import Path
 import ray
 
 from kernelbench_eval.building import artifacts
-from kernelbench_eval.building.compile import (
-    RECORD_NAME,
-    Compiled,
-    adopt,
-    build_lock,
-    compile_candidate,
-    warm_build,
-    warmup_for,
-)
+from kernelbench_eval.building.compile import Compiled, build_lock, compile_candidate, warm_build, warmup_for
 from kernelbench_eval.building.relocate import relocate
+from kernelbench_eval.building.signed import RECORD_NAME, adopt
 from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation.linux import keep_memory_private
@@ -141,7 +134,8 @@ class LaneActor:
             return record, 0.0
         warm = local_warmup(job["warm"], job["problem_source"], self.tmp / "warm")
         started = time.perf_counter()
-        warmed = warm_build(cand, build, warm, self.lane.config.settings.device, log, self.lane.config.compile_timeout)
+        config = self.lane.config
+        warmed = warm_build(cand, build, warm, config.settings.device, log, config.budgets.build)
         return warmed, time.perf_counter() - started
 
     def _problem(self, problem: Problem, source: bytes) -> Problem:

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import Compiled, compile_candidate
 from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
@@ -41,8 +42,7 @@ class LaneConfig:
 
     settings: RunSettings
     baselines: Path
-    timeout: float
-    compile_timeout: float
+    budgets: Budgets
 
 
 MAX_OPEN = 3  # references a lane keeps open at most
@@ -100,14 +100,14 @@ class EvalLane:
         ref, opened = self._reference_for(problem, ref_log)
         if ref.error:
             return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
-        findings = judge(ref, compiled, path, log, self.config.timeout)
+        findings = judge(ref, compiled, path, log, self.config.budgets.candidate)
         findings.lane = self.spec.label
-        return LaneResult(findings, ref.warning if opened else None, ref.baseline_key)
+        return LaneResult(findings, ref.warning if opened else None, ref.baselines.key)
 
     def prepare(self, problem: Problem, ref_log: Path) -> Prepared:
         """Open `problem`'s reference (and measure its baselines) before any of its candidates is ready."""
         ref, opened = self._reference_for(problem, ref_log)
-        return Prepared(ref.warning if opened else None, ref.baseline_key)
+        return Prepared(ref.warning if opened else None, ref.baselines.key)
 
     def holds(self) -> list[str]:
         """The problems whose references are open here, most recently used first."""
@@ -119,14 +119,15 @@ class EvalLane:
         if ref is not None and ref.problem == problem and not ref.broken:
             self.refs.move_to_end(problem.problem_id)
             self._park_all_but(ref)
-            ref.parked = False  # in use again
+            ref.unpark()  # in use again
             return ref, False
         if ref is not None:
             self.refs.pop(problem.problem_id).close()
         self._park_all_but(None)
         self._evict(room_for_one=True)
         ref = self._open(problem, ref_log)
-        if self.refs and (ref.error and OUT_OF_MEMORY in ref.error or ref.residency and not ref.residency.fits):
+        plan = ref.lender.residency
+        if self.refs and (ref.error and OUT_OF_MEMORY in ref.error or plan and not plan.fits):
             ref.close()  # the references kept open hold memory this one needs: theirs back first, then once more
             self.close()
             ref = self._open(problem, ref_log)
@@ -136,8 +137,8 @@ class EvalLane:
 
     def _open(self, problem: Problem, ref_log: Path) -> ReferenceSide:
         cfg = self.config
-        return ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.timeout, cfg.compile_timeout,
-                             self.store, dict(self.spec.env), self.memory_share).open()
+        return ReferenceSide(problem, cfg.settings, self.seeds, ref_log, cfg.budgets, self.store,
+                             dict(self.spec.env), self.memory_share).open()
 
     def _park_all_but(self, active: ReferenceSide | None) -> None:
         for ref in self.refs.values():
@@ -148,8 +149,8 @@ class EvalLane:
         """Close the least recently used references until at most MAX_OPEN are open (one fewer, to make room
         for one) and those kept fit the memory share; the most recent one always stays."""
         def too_many() -> bool:
-            held = sum(ref.footprint() for ref in self.refs.values())
-            budget = max((ref.memory_bytes or 0 for ref in self.refs.values()), default=0) * MEMORY_SHARE
+            held = sum(ref.lender.footprint() for ref in self.refs.values())
+            budget = max((ref.lender.memory_bytes or 0 for ref in self.refs.values()), default=0) * MEMORY_SHARE
             return len(self.refs) + room_for_one > MAX_OPEN or bool(budget and held > budget)
 
         while self.refs and (room_for_one or len(self.refs) > 1) and too_many():

@@ -4,37 +4,34 @@ Compiles run `jobs` wide (each one a separate process); each evaluation lane (on
 candidate at a time, taking the next one the moment its compile is done (`schedule`). On the CPU,
 evaluation waits for all compiles, since compilers and a CPU timer would fight for the same cores. The
 backend decides where compiles and lanes run: here (`lanes.LocalBackend`) or on a Ray cluster
-(`cluster.RayBackend`); verdicts are recorded here, as they arrive, either way.
+(`cluster.RayBackend`); verdicts are recorded here, as they arrive, either way (`recording`), and builds are
+asked for through `builds`.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from kernelbench_eval import interrupts
 from kernelbench_eval.building import pch
-from kernelbench_eval.building.compile import BuildTampered, Compiled
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.compile import BuildTampered
 from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChanged, discover
 from kernelbench_eval.discover.guard import References
-from kernelbench_eval.isolation import cores, private, sandbox
+from kernelbench_eval.isolation import private, sandbox
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.isolation.workerenv import prestart
 from kernelbench_eval.judge import baselines
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.records import Findings, RunManifest, Verdict, now_utc
+from kernelbench_eval.records import Findings, RunManifest
 from kernelbench_eval.results import phases as account
-from kernelbench_eval.results.aggregates import verdict_context
 from kernelbench_eval.results.record import RunRecorder
 from kernelbench_eval.run import schedule
+from kernelbench_eval.run.builds import Builds, Built, build_parallelism, with_build
 from kernelbench_eval.run.lanes import LaneConfig, LaneHandle, LaneResult, LocalBackend
+from kernelbench_eval.run.recording import Recording
 from kernelbench_eval.run.setup import Backend, Listener, RunOptions, RunResult, manifest_dirs, open_run
 
 
@@ -71,7 +68,8 @@ def run(opts: RunOptions, listen: Listener = lambda verdict: None, found: Discov
     if session.store.repair():
         session.warnings.append(f"{session.store.path} was altered during the run; this run's entries restored")
     if stopped is not None:
-        raise interrupts.Interrupted(stopped.signum, _unfinished(len(session.judged), len(todo)), recorder.run_dir)
+        raise interrupts.Interrupted(stopped.signum, _unfinished(len(session.recording.judged), len(todo)),
+                                     recorder.run_dir)
     return RunResult(recorder.run_dir, recorder.load(), found.warnings + session.warnings,
                      reused=len(found.candidates) - len(todo), phases=phases)
 
@@ -91,27 +89,21 @@ def _backend(opts: RunOptions) -> Backend:
     raise ValueError(f"unknown backend {opts.backend!r} (local or ray)")
 
 
-@dataclass
-class _Built:
-    compiled: Compiled
-    seconds: float  # this run's compile wall time
-
-
 class _Session:
     """One pass over the candidates still to judge; every verdict is recorded the moment it exists."""
 
     def __init__(self, opts: RunOptions, recorder: RunRecorder, manifest: RunManifest,
                  found: Discovery, listen: Listener, backend: Backend) -> None:
-        self.opts, self.recorder, self.manifest, self.found, self.listen = opts, recorder, manifest, found, listen
+        self.opts, self.recorder, self.manifest, self.found = opts, recorder, manifest, found
         self.device = manifest.settings.device
         self.store = BaselineStore(opts.baselines_path())
         self.warnings: list[str] = []
-        self.activity = _Activity()
         self.account = account.Account()  # where the wall time goes (`account`)
         self.backend = backend
-        self._record_lock = threading.Lock()
-        self.judged: dict[tuple[str, str], Verdict] = {}
         self.references = References(found.problems)  # the problems' private, verified copies
+        self.recording = Recording(recorder, manifest, found.problems, listen, self.warnings)
+        self.activity = self.recording.activity
+        self.builds = Builds(opts, manifest, found, self.references, backend, self.recording, self.account)
 
     def judge_all(self, todo: list[Candidate]) -> None:
         """Every candidate is judged in its own right: identical bytes share a build, never a verdict.
@@ -123,8 +115,7 @@ class _Session:
     def _judge_runnable(self, runnable: list[Candidate]) -> None:
         """Compile `jobs` wide and evaluate on every lane as soon as a compile is done (see `schedule`)."""
         jobs = max(1, self.opts.jobs)
-        config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.timeout,
-                            self.opts.compile_timeout)
+        config = LaneConfig(self.manifest.settings, self.opts.baselines_path(), self.opts.budgets)
         lanes = self.backend.lanes(config, self.opts.gpus, self.opts.lanes)  # may keep cores from the builds
         os.environ.setdefault("MAX_JOBS", str(build_parallelism(jobs, len(runnable))))  # ninja inside each build
         if self.opts.backend == "local":  # found (or made, in the background) before the first build asks
@@ -132,7 +123,7 @@ class _Session:
         work = [schedule.LaneJobs(partial(self._evaluate, lane), lane.holds, partial(self._prepare, lane),
                                   partial(_near, lane)) for lane in lanes]
         try:
-            schedule.drive(runnable, self._compile, jobs, work, key=lambda cand: cand.problem_id,
+            schedule.drive(runnable, self.builds.compile, jobs, work, key=lambda cand: cand.problem_id,
                            hold=self.device == "cpu", stopped=interrupts.requested)
         finally:
             for lane in lanes:
@@ -140,59 +131,29 @@ class _Session:
 
     def _judged_statically(self, cand: Candidate) -> bool:
         if cand.invalid:
-            self._record(cand, 0.0, Findings(status="load_error", error=cand.invalid))
+            self.recording.record(cand, 0.0, Findings(status="load_error", error=cand.invalid))
         elif cand.devices is not None and self.device not in cand.devices:
             why = f"needs {'/'.join(cand.devices)}, this run is on {self.device}"
-            self._record(cand, 0.0, Findings(status="skipped", error=why))
+            self.recording.record(cand, 0.0, Findings(status="skipped", error=why))
         else:
             return False
         return True
 
-    def _compile(self, cand: Candidate) -> _Built | None:
-        """Build one candidate; a failed build is recorded here and goes to no lane (None)."""
-        log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "compile")
-        started = time.perf_counter()
-        with self.activity, self.account.phase("build"):
-            try:
-                compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log, self.opts.compile_timeout,
-                                                self._warmup(cand))
-            except OSError as exc:  # something planted in the cache: this candidate's verdict, not a dead run
-                findings = Findings(status="compile_error", error=f"build folder unusable: {exc}")
-                self._record(cand, time.perf_counter() - started, findings, log=log)
-                return None
-        seconds = time.perf_counter() - started
-        if compiled.record.ok:
-            return _Built(compiled, seconds)
-        findings = Findings(status=compiled.record.status or "compile_error", error=compiled.record.error)
-        self._record(cand, seconds, _with_build(findings, compiled, seconds), log=log)
-        return None
-
-    def _warmup(self, cand: Candidate) -> WarmupSpec:
-        """The inputs a Triton candidate's build-stage warm-up uses (`warmup.py`), on the first lane's GPU, and the
-        problem whose names every build's import sees: the verified private copy, never the user's file (which a
-        candidate's build could have edited under the next one)."""
-        gpu = self.opts.gpus[0] if self.opts.gpus else None
-        try:
-            problem = self.references.problem(cand.problem_id)
-        except (OSError, ProblemChanged):
-            problem = self.found.problems[cand.problem_id]  # its reference says why, and its candidates are skipped
-        return WarmupSpec.of(problem, self.manifest.settings, gpu)
-
-    def _evaluate(self, lane: LaneHandle, cand: Candidate, built: _Built) -> None:
+    def _evaluate(self, lane: LaneHandle, cand: Candidate, built: Built) -> None:
         log = self.recorder.log_path(cand.problem_id, cand.candidate_id, "eval")
         ref_log = self.recorder.log_path(cand.problem_id, "_reference", "eval")
         started = time.perf_counter()
         with self.activity, self.account.phase("judge"):
-            self._check_tampering(None)  # what happened before this candidate ran is not its doing
+            self.recording.check_tampering(None)  # what happened before this candidate ran is not its doing
             alone = self.activity.snapshot()
             result = self._evaluate_safely(lane, cand, built, ref_log, log)
             findings = result.findings
-            if self._check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
+            if self.recording.check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
                 findings.disqualify("incorrect", "cheating detected: it altered the run's verdicts.jsonl while it "
                                     "ran (restored; no verdict changed)")
         self._note_reference(cand.problem_id, result.warning, result.baseline_key)
-        self._record(cand, built.seconds + time.perf_counter() - started,
-                     _with_build(findings, built.compiled, built.seconds), log=log)
+        self.recording.record(cand, built.seconds + time.perf_counter() - started,
+                              with_build(findings, built.compiled, built.seconds), log=log)
 
     def _prepare(self, lane: LaneHandle, problem_id: str) -> None:
         """Open a problem's reference on an idle lane while its candidates still build (`schedule`): its reference
@@ -214,7 +175,7 @@ class _Session:
         if baseline_key:
             self.store.adopt(baseline_key)
 
-    def _evaluate_safely(self, lane: LaneHandle, cand: Candidate, built: _Built, ref_log: Path, log: Path
+    def _evaluate_safely(self, lane: LaneHandle, cand: Candidate, built: Built, ref_log: Path, log: Path
                          ) -> LaneResult:
         """`lane.evaluate`, where a tampered build is rebuilt once and any other file error is a verdict."""
         try:
@@ -227,8 +188,7 @@ class _Session:
             except BuildTampered as exc:
                 self.warnings.append(f"{cand.path}: {exc}")
                 if attempt == 0:
-                    built.compiled = self.backend.compile(cand, self.device, self.opts.cache_dir, log,
-                                                          self.opts.compile_timeout, self._warmup(cand))
+                    built.compiled = self.builds.rebuild(cand, log)
                     if not built.compiled.record.ok:
                         return LaneResult(Findings(status=built.compiled.record.status or "compile_error",
                                                    error=f"rebuild: {built.compiled.record.error}"))
@@ -236,84 +196,6 @@ class _Session:
                 return LaneResult(Findings(status="runtime_error", error=f"harness file error while judging: {exc}"))
         return LaneResult(Findings(status="runtime_error", error="its build was altered again after a rebuild"))
 
-    def _check_tampering(self, culprit: Candidate | None) -> bool:
-        """Restore the verdict log if something altered it; True when `culprit` (the only code running) did."""
-        if not self.recorder.tampered():
-            return False
-        if culprit is None:
-            self.warnings.append(f"{self.recorder.verdicts_path} was altered by candidate code (a compile or an "
-                                 "evaluation) that cannot be singled out; restored, no verdict changed")
-            return False
-        return True
 
-    def _record(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None = None) -> None:
-        """Record a verdict, unless a stop was asked for: its workers may have been killed under it (the flag is
-        set before any kill, so findings a kill shaped are always made after it)."""
-        with self._record_lock:  # lanes and compile threads record concurrently
-            if not interrupts.requested():
-                self._record_locked(cand, seconds, findings, log)
-
-    def _record_locked(self, cand: Candidate, seconds: float, findings: Findings, log: Path | None) -> None:
-        rel_log = str(log.relative_to(self.recorder.run_dir)) if log else None
-        findings = findings.model_copy(update=verdict_context(self.found.problems, cand.problem_id, self.manifest))
-        verdict = Verdict(
-            run_id=self.manifest.run_id,
-            problem=cand.problem_id,
-            candidate=cand.candidate_id,
-            source_sha256=cand.source_sha256,
-            settings_key=self.manifest.settings.key(),
-            device=self.device,
-            torch_version=torch.__version__,
-            trials=self.manifest.settings.trials,
-            log=rel_log,
-            wall_seconds=round(seconds, 3),
-            finished_at=now_utc(),
-            **findings.model_dump(),
-        )
-        self.recorder.append(verdict)
-        self.judged[(verdict.problem, verdict.candidate)] = verdict
-        self.listen(verdict)
-
-
-def build_parallelism(jobs: int, builds: int) -> int:
-    """ninja's jobs inside one build: the cores not taken by other builds, at least 2 (a CUDA build has two
-    translation units, main.cpp and cuda.cu, that should compile side by side, not one after the other)."""
-    at_once = max(1, min(jobs, builds))
-    return max(2, cores.build_cores() // at_once)
-
-
-def _near(lane: LaneHandle, cand: Candidate, built: _Built) -> bool:
+def _near(lane: LaneHandle, cand: Candidate, built: Built) -> bool:
     return lane.has_build(built.compiled)
-
-
-def _with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findings:
-    """What the build settles, added to the findings: this run's compile cost (near zero when cached), with
-    a warm-up a Ray lane ran (`ray_backend`)."""
-    findings.compiled, findings.compile_cached = compiled.record.ok, compiled.cached
-    findings.compile_seconds = round(seconds + getattr(compiled, "warmed_in_lane", 0.0), 3)
-    findings.built_on = getattr(compiled, "built_on", None)  # the Ray node that built it
-    if not compiled.cached and compiled.record.sandbox is not None:  # its build ran its code too, this run
-        findings.sandbox = compiled.record.sandbox.weakest(findings.sandbox)
-    return findings
-
-
-class _Activity:
-    """Counts compiles and evaluations (both run candidate code): tampering is blamed only on one that ran alone."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.started = 0
-        self.running = 0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self.started += 1
-            self.running += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self.running -= 1
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return self.started, self.running

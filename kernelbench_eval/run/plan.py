@@ -20,6 +20,7 @@ from kernelbench_eval.discover.corpus import (
     discover,
     merged_smoke_dims,
 )
+from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.precision import PRECISIONS, TOLERANCE_PRESETS
 from kernelbench_eval.judge.precision import tolerance as preset_tolerance
 from kernelbench_eval.records import RunSettings, Verdict
@@ -52,12 +53,13 @@ class Plan:
 
 
 def build_settings(device: str, dims: list[str] | None, threads: int | None, smoke: bool, problems: list[Problem],
-                   warnings: list[str], **timing: float | int | bool | None) -> RunSettings:
+                   warnings: list[str], method: str = "kbeval", **timing: float | int | bool | None) -> RunSettings:
     """The run's settings; on the CPU the thread count is always fixed (and so reported).
 
     Sizes are checked against the problems' sources first: a `--dim` name no problem has would change nothing.
-    Timing options left unset (None) take `SMOKE` or `DEFAULTS`.
+    Timing options left unset (None) take `SMOKE` or `DEFAULTS`. `method`: how calls are timed (`--timing`).
     """
+    kbmethod.check(method, bool(timing.get("cuda_graph")))
     resolved = resolve_device(device)
     if resolved not in ("cpu", "cuda"):
         raise ValueError(f"--device: unknown device {device!r}; use auto, cuda or cpu")
@@ -74,7 +76,7 @@ def build_settings(device: str, dims: list[str] | None, threads: int | None, smo
     check_dims(explicit, problems)
     sizes = merged_smoke_dims(problems, explicit, warnings) if smoke else explicit
     chosen = {k: (SMOKE if smoke else DEFAULTS).get(k) if v is None else v for k, v in timing.items()}
-    return RunSettings(device=resolved, dims=sizes, threads=threads, smoke=smoke, **chosen)
+    return RunSettings(device=resolved, dims=sizes, threads=threads, smoke=smoke, timing=method, **chosen)
 
 
 def precision_settings(precision: str, preset: str, atol: float | None, rtol: float | None) -> dict[str, object]:

@@ -17,6 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from kernelbench_eval.budgets import DEFAULT as DEFAULT_BUDGETS
+from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import build_lock, compile_candidate, extension_env, private_triton
 from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem, make_candidate, sha256_file
@@ -47,8 +49,9 @@ class ProfileReport(BaseModel):
 
 def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache_dir: Path, *,
                  dims: dict[str, int | float] | None = None, precision: str = "fp32", threads: int | None = None,
-                 timeout: float = 300.0, warmup: int = 3) -> ProfileReport:
-    """Profile the reference and the candidate, each in a fresh worker; never raises for the candidate's faults."""
+                 budgets: Budgets = DEFAULT_BUDGETS, warmup: int = 3) -> ProfileReport:
+    """Profile the reference and the candidate, each in a fresh worker; never raises for the candidate's faults.
+    `budgets`: the reference's worker, the candidate's and the candidate's build each get theirs."""
     seed = secrets.randbits(31)
     work = Path(tempfile.mkdtemp(prefix="kbeval-profile-"))
     prob = Problem(problem_id=problem_path.stem, path=problem_path, source_sha256=sha256_file(problem_path))
@@ -59,7 +62,8 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
     inputs.mkdir()
     prepare = WorkerRequest(op="prepare", path=str(problem_path.resolve()), trial_seeds=[seed],
                             inputs_dir=str(inputs), save_inputs=True, **common)
-    ref = _profile_one("reference", problem_path, "Model", work, inputs, {}, timeout, warmup, common, prepare)
+    ref = _profile_one("reference", problem_path, "Model", work, inputs, {}, budgets.reference, warmup, common,
+                       prepare)
     if cand.invalid or (cand.devices and device not in cand.devices):
         why = cand.invalid or f"{candidate_path} needs {', '.join(cand.devices or ())}, not {device}"
         got = ModelProfile(role="candidate", error=why)
@@ -67,26 +71,26 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
         got = ModelProfile(role="candidate", error="not profiled: the reference could not be")
     else:
         warm = WarmupSpec(problem_path, prob.source_sha256, tuple(sorted((dims or {}).items())), precision)
-        got = _profile_candidate(cand, device, cache_dir, work, inputs, timeout, warmup, common, warm)
+        got = _profile_candidate(cand, device, cache_dir, work, inputs, budgets, warmup, common, warm)
     if not ref.error and not got.error:
         shutil.rmtree(work, ignore_errors=True)  # logs are kept only when something failed
     return ProfileReport(problem=prob.problem_id, candidate=cand.candidate_id, device=device, precision=precision,
                          reference=ref, candidate_profile=got)
 
 
-def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: Path, inputs: Path, timeout: float,
+def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: Path, inputs: Path, budgets: Budgets,
                        warmup: int, common: dict, warm: WarmupSpec) -> ModelProfile:
     """Built (or found built, warmed up for these inputs) as a run builds it, then profiled from its verified
     build, with a private copy of its Triton cache (`compile.private_triton`)."""
-    compiled = compile_candidate(cand, device, cache_dir, work / "candidate.compile.log", timeout, warm)
+    compiled = compile_candidate(cand, device, cache_dir, work / "candidate.compile.log", budgets.build, warm)
     if not compiled.record.ok:
         return ModelProfile(role="candidate", error=f"{compiled.record.status}: {compiled.record.error}")
     try:
         with build_lock(compiled.build_dir):
             private_triton(compiled.build_dir, work / "candidate-triton")
             env = extension_env(compiled.build_dir, triton=work / "candidate-triton")
-            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, env, timeout, warmup, common,
-                                build=compiled.build_dir)
+            return _profile_one("candidate", cand.path, "ModelNew", work, inputs, env, budgets.candidate, warmup,
+                                common, build=compiled.build_dir)
     except OSError as exc:  # a build altered since it was recorded, a lock that never came
         return ModelProfile(role="candidate", error=str(exc))
 

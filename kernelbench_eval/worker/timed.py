@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kernelbench_eval.judge import cudagraph, flush, refill, timing
+from kernelbench_eval.judge import cudagraph, flush, kbmethod, refill, timing
 from kernelbench_eval.judge.carve import ExchangePool
 from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
 from kernelbench_eval.worker.common import _meta, _torch, as_list
@@ -41,6 +41,7 @@ class TimingOps:
     timing_scope: contextlib.ExitStack | None
     timing_pool: ExchangePool | None
     pending: timing.Launched | None  # an answered call whose device work may still run
+    timing_method: str = kbmethod.OWN  # how the calls of the measurement under way are timed (its warm-up's)
     settled: timing.Block  # calls whose times no reply has carried yet
     exchange_keeper: Callable[[list[list[Slot]], int], timing.Keeper]  # a candidate's (`worker/candidate.py`)
     store_keeper: Callable[[int, int], timing.Keeper]  # the checker's (`worker/reference.py`)
@@ -61,13 +62,19 @@ class TimingOps:
         # the candidate's outputs stay in the exchange's pool area or are copied into the exchange; the
         # checker's are copied into storage of its own, made once and reused, so neither side allocates per
         # call (fresh pages per call made the reference 1.5-1.9x slower)
-        pooled = self.pool if req.layout and not req.graph else None
+        if req.warmup:  # a measurement begins: its method (`kbmethod`) holds for its calls, sent without it
+            self.timing_method = req.method
+        kernelbench = kbmethod.is_kernelbench(self.timing_method)  # KernelBench's: its allocations, its warm-up
+        pooled = self.pool if req.layout and not req.graph and not kernelbench else None
         if pooled is not None:
             flush.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
         if req.first == 0:
             self.kept, self.placed, self.held, self.spans, self.overwrote = [], [], [], [], []
         self._enter_timing(pooled)
-        if req.warmup:  # outside the pool: see `timing.warm_up`
+        if req.warmup and kernelbench:
+            self.settled.launch_ms += kbmethod.warm_up(model, self.rotation, req.warmup, self.timing_method,
+                                                       self.device)
+        elif req.warmup:  # outside the pool: see `timing.warm_up`
             self.settled.launch_ms += timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds,
                                                      self.device)
         if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
@@ -81,8 +88,9 @@ class TimingOps:
                                          early=True, cover_s=req.cover_s)
             metas = [[_meta(o) for o in as_list(self.pending.out)]]
         else:
-            block = timing.time_block(model, self.rotation, req.schedule, self.device, replay, keeper, placement,
-                                      req.cover_s)
+            block = (kbmethod.time_block(model, self.rotation, req.schedule, self.device, keeper, self.timing_method)
+                     if kernelbench else timing.time_block(model, self.rotation, req.schedule, self.device, replay,
+                                                           keeper, placement, req.cover_s))
             self.kept += block.kept
             self.settled.extend(block)
             metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in kept] for kept in block.kept]
