@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from conftest import read_verdicts
+
+pytestmark = pytest.mark.slow  # it reads the whole fixture run, which only the slow set makes (about 90 s)
 
 
 def test_every_reported_time_is_its_records_figure_on_the_named_basis(fixture_run) -> None:
