@@ -76,8 +76,9 @@ def fixture_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> 
     return out / "cold", proc
 
 
-def serve_requests(monkeypatch: pytest.MonkeyPatch, requests: list) -> list[bytes]:
-    """The worker's `serve` loop run over these requests (stdin a pipe, replies to another): its reply lines."""
+def serve_requests(monkeypatch: pytest.MonkeyPatch, requests: list, role: str = "candidate") -> list[bytes]:
+    """The `serve` loop of a worker of `role` run over these requests (stdin a pipe, replies to another): its reply
+    lines."""
     from kernelbench_eval.worker import main as worker_main
 
     (stdin_read, stdin_write), (reply_read, reply_write) = os.pipe(), os.pipe()
@@ -85,7 +86,7 @@ def serve_requests(monkeypatch: pytest.MonkeyPatch, requests: list) -> list[byte
     os.close(stdin_write)
     with open(stdin_read) as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
-        worker_main.serve(reply_write)
+        worker_main.serve(reply_write, role)
     os.close(reply_write)
     with open(reply_read, "rb") as replies:
         return replies.read().splitlines()

@@ -141,20 +141,20 @@ def test_distributions_are_deterministic_and_keep_what_the_problem_drew() -> Non
 def test_a_reference_that_refuses_a_distribution_keeps_the_others(tmp_path: Path) -> None:
     """acos takes [-1, 1]: heavy-tailed and row-scaled draws always give it NaN (a factor above 1 somewhere), a
     shifted one unless its scale and shift happen to stay inside; the trials refused fall back to normal."""
-    from kernelbench_eval.messages import WorkerRequest
-    from kernelbench_eval.worker.main import Worker
+    from kernelbench_eval.requests import ExpectRequest, LoadRequest, PrepareRequest
+    from kernelbench_eval.worker.reference import CheckerWorker
 
     problem = tmp_path / "acos.py"
     problem.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
                        "        return torch.acos(x)\ndef get_inputs():\n    return [torch.rand(64, 64) * 2 - 1]\n"
                        "def get_init_inputs():\n    return []\n")
-    worker = Worker()
+    worker = CheckerWorker()
     seeds = [11, 12, 13, 14]
-    assert worker.op_prepare(WorkerRequest(op="prepare", path=str(problem), trial_seeds=seeds, timing_seeds=[5],
-                                           inputs_dir=str(tmp_path))).ok
-    assert worker.op_load(WorkerRequest(op="load", path=str(problem), class_name="Model", device="cpu",
-                                        init_file=str(tmp_path / "init.pt"), init_seed=1)).ok
-    reply = worker.op_expect(WorkerRequest(op="expect", trial_seeds=seeds, timing_seeds=[5], atol=1e-2, rtol=1e-2))
+    assert worker.op_prepare(PrepareRequest(path=str(problem), trial_seeds=seeds, timing_seeds=[5],
+                                            inputs_dir=str(tmp_path))).ok
+    assert worker.op_load(LoadRequest(path=str(problem), class_name="Model", device="cpu",
+                                      init_file=str(tmp_path / "init.pt"), init_seed=1)).ok
+    reply = worker.op_expect(ExpectRequest(trial_seeds=seeds, timing_seeds=[5], atol=1e-2, rtol=1e-2))
     assert reply.ok and reply.distributions[0] == reply.distributions[2] == reply.distributions[3] == "normal"
     for name in ("heavy_tailed", "row_scaled"):
         assert f"{name} inputs left out: the reference gave" in reply.distributions_note

@@ -17,7 +17,7 @@ from kernelbench_eval.judge.measure import block_calls
 from kernelbench_eval.judge.timed import placed_slots
 from kernelbench_eval.messages import Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
-from kernelbench_eval.worker.main import Worker
+from kernelbench_eval.worker.placing import ExchangeOutputs
 
 
 def test_segments_are_carved_in_order_aligned_and_what_does_not_fit_falls_back():
@@ -66,34 +66,34 @@ class _Pool:
         return at if self.offset <= at and at + nbytes <= self.size else None
 
 
-def _worker(tmp_path) -> tuple[Worker, Exchange, list[list[Slot]]]:  # noqa: ANN001
+def _outputs(tmp_path) -> tuple[ExchangeOutputs, Exchange, list[list[Slot]]]:  # noqa: ANN001
+    """A candidate's outputs in a CPU exchange whose upper half is its pool area."""
     exchange = Exchange.create("cpu", 1 << 16, str(tmp_path))
-    worker = Worker()
-    worker.exchange, worker.pool = exchange, _Pool(exchange, 1 << 15)
+    outputs = ExchangeOutputs(exchange, _Pool(exchange, 1 << 15), "cpu")  # type: ignore[arg-type]
     metas = [TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32", shape=[16])]
-    return worker, exchange, output_layout(metas, calls=2)
+    return outputs, exchange, output_layout(metas, calls=2)
 
 
 def test_the_keeper_leaves_outputs_in_the_pool_area_and_copies_the_rest(tmp_path):
-    worker, exchange, layout = _worker(tmp_path)
+    outputs, exchange, layout = _outputs(tmp_path)
     pooled = exchange.buffer[1 << 15:(1 << 15) + 64].view(torch.float32)
     pooled.copy_(torch.arange(16.0))
-    metas = worker.exchange_keeper(layout[:1], first=0)(0, pooled)()
-    assert worker.placed[0][0].offset == 1 << 15 and worker.held[0][0] is pooled  # no copy, kept alive
+    metas = outputs.keeper(layout[:1], first=0)(0, pooled)()
+    assert outputs.placed[0][0].offset == 1 << 15 and outputs.held[0][0] is pooled  # no copy, kept alive
     assert metas[0].shape == [16]
     elsewhere = torch.arange(16.0) + 1
-    finish = worker.exchange_keeper(layout[1:], first=1)(0, elsewhere)
-    assert worker.placed[1] == layout[1] and not torch.equal(exchange.view(layout[1][0]), elsewhere)
+    finish = outputs.keeper(layout[1:], first=1)(0, elsewhere)
+    assert outputs.placed[1] == layout[1] and not torch.equal(exchange.view(layout[1][0]), elsewhere)
     finish()  # the copy waits until the device is idle (the keeper's first half may run while it computes)
     assert torch.equal(exchange.view(layout[1][0]), elsewhere)  # copied
     exchange.close()
 
 
 def test_the_keeper_copies_views(tmp_path):
-    worker, exchange, layout = _worker(tmp_path)
+    outputs, exchange, layout = _outputs(tmp_path)
     region = exchange.buffer[1 << 15:(1 << 15) + 128].view(torch.float32)
-    worker.exchange_keeper(layout[:1], first=0)(0, region[::2])()  # not contiguous
-    assert worker.placed[0] == layout[0] and worker.held[0] == []
+    outputs.keeper(layout[:1], first=0)(0, region[::2])()  # not contiguous
+    assert outputs.placed[0] == layout[0] and outputs.held[0] == []
     assert torch.equal(exchange.view(layout[0][0]), region[::2])
     exchange.close()
 
@@ -102,21 +102,21 @@ def test_a_block_of_several_calls_leaves_each_in_place_and_says_when_one_lies_ov
     """Outputs stay in place across a block (each held until the check), but a model that hands out one buffer
     again has written over the earlier call's outputs: the worker reports that call (`overwrote`), whose
     outputs it can no longer vouch for, and copies the later one; the next block starts afresh."""
-    worker, exchange, layout = _worker(tmp_path)
+    outputs, exchange, layout = _outputs(tmp_path)
     layout = output_layout([TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32", shape=[16])],
                            calls=3)
     pool = exchange.buffer[1 << 15:].view(torch.float32)
     first, second = pool[:16], pool[64:80]
-    worker.exchange_keeper(layout[0:1], first=0)(0, first)()
-    worker.exchange_keeper(layout[1:2], first=1)(0, second)()
-    assert [p[0].offset for p in worker.placed] == [1 << 15, (1 << 15) + 256] and worker.overwrote == []
+    outputs.keeper(layout[0:1], first=0)(0, first)()
+    outputs.keeper(layout[1:2], first=1)(0, second)()
+    assert [p[0].offset for p in outputs.placed] == [1 << 15, (1 << 15) + 256] and outputs.overwrote == []
     again = pool[8:24]  # over half of the first call's outputs: a buffer handed out again, shifted
-    worker.exchange_keeper(layout[2:3], first=2)(0, again)()
-    assert worker.overwrote == [0] and worker.placed[2] == layout[2]  # reported, and this one copied
+    outputs.keeper(layout[2:3], first=2)(0, again)()
+    assert outputs.overwrote == [0] and outputs.placed[2] == layout[2]  # reported, and this one copied
     assert torch.equal(exchange.view(layout[2][0]), again)
-    worker.spans, worker.overwrote = [], []  # what `op_time` does at a block's first call
-    worker.exchange_keeper(layout[0:1], first=0)(0, again)()
-    assert worker.overwrote == [] and worker.placed[0][0].offset == (1 << 15) + 32  # in place again
+    outputs.new_block()  # what `op_time` has done at a block's first call
+    outputs.keeper(layout[0:1], first=0)(0, again)()
+    assert outputs.overwrote == [] and outputs.placed[0][0].offset == (1 << 15) + 32  # in place again
     exchange.close()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from kernelbench_eval.isolation import cores, forkclient
 from kernelbench_eval.isolation.process import WorkerProcess
-from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.requests import ExportRequest
 
 
 @pytest.fixture(autouse=True)
@@ -58,10 +58,10 @@ def test_a_worker_pins_itself_to_the_cores_its_environment_names(tmp_path: Path,
                                                                  forking: str):
     monkeypatch.setenv(forkclient.SWITCH_VAR, forking)
     one = min(os.sched_getaffinity(0))
-    with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}) as worker:
-        worker.call(WorkerRequest(op="export", calls=[]), 60)  # it has started and answered
+    with WorkerProcess(tmp_path, tmp_path / "worker.log", {cores.ENV: str(one)}, role="candidate") as worker:
+        worker.call(ExportRequest(calls=[]), 60)  # it has started and answered
         assert os.sched_getaffinity(worker.proc.pid) == {one}
-        assert worker.call(WorkerRequest(op="export", calls=[]), 60, poll=0.05).ok  # a reply awaited by polling
+        assert worker.call(ExportRequest(calls=[]), 60, poll=0.05).ok  # a reply awaited by polling
 
 
 def test_a_second_run_in_one_process_splits_the_cores_it_started_with(monkeypatch: pytest.MonkeyPatch):

@@ -24,7 +24,19 @@ from kernelbench_eval.isolation import forkclient, forkpool
 from kernelbench_eval.isolation.forkclient import ForkedChild
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.exchange import output_layout
-from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.messages import Role
+from kernelbench_eval.requests import (
+    AttachRequest,
+    CompareRequest,
+    ExpectRequest,
+    ImportRequest,
+    LoadRequest,
+    OpenExchangeRequest,
+    PrepareRequest,
+    PutRequest,
+    RunRequest,
+    TakeRequest,
+)
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"
@@ -54,15 +66,15 @@ def module(folder: Path, name: str, body: str) -> Path:
 
 @contextmanager
 def forked(workdir: Path, extra_env: dict[str, str] | None = None,
-           time_limit: float | None = None) -> Iterator[WorkerProcess]:
+           time_limit: float | None = None, role: Role = "candidate") -> Iterator[WorkerProcess]:
     """A started worker that must have come from the fork server; closed (killed with its group) at the end."""
-    with WorkerProcess(workdir, workdir / "worker.log", extra_env, time_limit=time_limit) as worker:
+    with WorkerProcess(workdir, workdir / "worker.log", extra_env, time_limit=time_limit, role=role) as worker:
         assert isinstance(worker.proc, ForkedChild), "the fork server was not used"
         yield worker
 
 
-def import_request(path: Path, class_name: str | None = None) -> WorkerRequest:
-    return WorkerRequest(op="import", path=str(path), class_name=class_name)
+def import_request(path: Path, class_name: str | None = None) -> ImportRequest:
+    return ImportRequest(path=str(path), class_name=class_name)
 
 
 def alive(pid: int) -> bool:
@@ -92,25 +104,25 @@ def test_import_load_run_round_trip(tmp_path: Path) -> None:
     """A forked checker makes the inputs and expected outputs; a forked candidate takes a trial's inputs from
     the exchange it lends, runs, puts its outputs back; the checker finds them equal to its own."""
     def load(worker: WorkerProcess, path: Path, name: str) -> None:
-        loaded = worker.request(WorkerRequest(op="load", path=str(path), class_name=name, device="cpu", threads=1,
-                                              init_file=str(tmp_path / "init.pt"), init_seed=3), TIMEOUT)
+        loaded = worker.request(LoadRequest(path=str(path), class_name=name, device="cpu", threads=1,
+                                            init_file=str(tmp_path / "init.pt"), init_seed=3), TIMEOUT)
         assert loaded.ok, loaded.error
 
-    with forked(tmp_path) as ref, forked(tmp_path) as cand:
-        assert ref.request(WorkerRequest(op="prepare", path=str(PROBLEM), trial_seeds=[7], inputs_dir=str(tmp_path)),
+    with forked(tmp_path, role="checker") as ref, forked(tmp_path) as cand:
+        assert ref.request(PrepareRequest(path=str(PROBLEM), trial_seeds=[7], inputs_dir=str(tmp_path)),
                            TIMEOUT).ok
         load(ref, PROBLEM, "Model")
-        expected = ref.call(WorkerRequest(op="expect", trial_seeds=[7], atol=1e-2, rtol=1e-2), TIMEOUT).expected
+        expected = ref.call(ExpectRequest(trial_seeds=[7], atol=1e-2, rtol=1e-2), TIMEOUT).expected
         assert expected[0][0].shape == [8, 16]
-        exchange = ref.call(WorkerRequest(op="open_exchange", size=1 << 16, shm_dir=str(tmp_path)), TIMEOUT).exchange
+        exchange = ref.call(OpenExchangeRequest(size=1 << 16, shm_dir=str(tmp_path)), TIMEOUT).exchange
         assert cand.call(import_request(HONEST, "ModelNew"), TIMEOUT).ok
         load(cand, HONEST, "ModelNew")
-        cand.call(WorkerRequest(op="attach", exchange=exchange), TIMEOUT)
-        slots = ref.call(WorkerRequest(op="put", name="trial0"), TIMEOUT).slots
-        cand.call(WorkerRequest(op="take", name="trial0", slots=slots), TIMEOUT)
+        cand.call(AttachRequest(exchange=exchange), TIMEOUT)
+        slots = ref.call(PutRequest(name="trial0"), TIMEOUT).slots
+        cand.call(TakeRequest(name="trial0", slots=slots), TIMEOUT)
         out_slots = output_layout(expected[0])[0]
-        ran = cand.call(WorkerRequest(op="run", name="trial0", slots=out_slots), TIMEOUT)
-        check = ref.call(WorkerRequest(op="compare", trial=0, slots=out_slots, outputs=ran.outputs), TIMEOUT).check
+        ran = cand.call(RunRequest(name="trial0", slots=out_slots), TIMEOUT)
+        check = ref.call(CompareRequest(trial=0, slots=out_slots, outputs=ran.outputs), TIMEOUT).check
         assert check is not None and check.passed and check.max_abs_diff == 0.0, check
     assert ref.proc is not None and ref.proc.returncode == 0  # asked to exit, it exited cleanly
 
@@ -188,7 +200,7 @@ def test_environment_and_state_are_the_workers_own(tmp_path: Path) -> None:
         report |= {"cwd": os.getcwd(), "path0": sys.path[0], "random": random.random(),
                    "torch": torch.rand(1).item(), "fds": sorted(os.listdir("/proc/self/fd")),
                    "pgid": os.getpgid(0), "pid": os.getpid(), "cuda": torch.cuda.is_initialized(),
-                   "argv": sys.argv, "main_has_worker": hasattr(sys.modules["__main__"], "Worker"),
+                   "argv": sys.argv, "main_has_worker": hasattr(sys.modules["__main__"], "CandidateWorker"),
                    "preloaded": "torch.utils.cpp_extension" in sys.modules}
         with open(f"report-{os.getpid()}.json", "w") as f:
             json.dump(report, f)
@@ -250,7 +262,7 @@ import os, sys, time
 from pathlib import Path
 from kernelbench_eval.isolation import forkpool
 from kernelbench_eval.isolation.process import WorkerProcess
-w = WorkerProcess(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / "log")
+w = WorkerProcess(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / "log", role="candidate")
 w.start()
 server = forkpool.servers()[0]
 print(server.proc.pid, w.proc.pid, type(w.proc).__name__, flush=True)
@@ -270,7 +282,7 @@ time.sleep(600)
 
 def _first_reply_seconds(workdir: Path) -> tuple[float, str]:
     started = time.perf_counter()
-    with WorkerProcess(workdir, workdir / "latency.log") as worker:
+    with WorkerProcess(workdir, workdir / "latency.log", role="candidate") as worker:
         assert worker.request(import_request(HONEST, "ModelNew"), TIMEOUT).ok
         return time.perf_counter() - started, type(worker.proc).__name__
 

@@ -235,12 +235,12 @@ def test_after_a_stop_a_dead_worker_is_the_stop_not_the_candidates_crash(tmp_pat
     """A worker killed by the stop raises `Interrupted`, never a `WorkerFailure` a verdict could be made of;
     and no worker starts once a stop was asked for."""
     from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-    from kernelbench_eval.messages import WorkerRequest
+    from kernelbench_eval.requests import ImportRequest
 
     source = tmp_path / "m.py"
     source.write_text(HONEST)
-    ask = WorkerRequest(op="import", path=str(source), class_name="ModelNew")
-    worker = WorkerProcess(tmp_path, tmp_path / "log")
+    ask = ImportRequest(path=str(source), class_name="ModelNew")
+    worker = WorkerProcess(tmp_path, tmp_path / "log", role="candidate")
     try:
         with worker:
             worker.call(ask, timeout=120)
@@ -248,7 +248,7 @@ def test_after_a_stop_a_dead_worker_is_the_stop_not_the_candidates_crash(tmp_pat
             with pytest.raises(interrupts.Interrupted):
                 worker.call(ask, timeout=120)
         with pytest.raises(interrupts.Interrupted):
-            WorkerProcess(tmp_path, tmp_path / "log2").start()
+            WorkerProcess(tmp_path, tmp_path / "log2", role="candidate").start()
     except WorkerFailure as exc:  # pragma: no cover - the failure this test exists to rule out
         raise AssertionError(f"a killed worker became a failure: {exc}") from exc
     finally:

@@ -15,7 +15,7 @@ from kernelbench_eval.judge.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
 from kernelbench_eval.messages import Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
-from kernelbench_eval.worker.reference import draw_inputs
+from kernelbench_eval.worker.draws import draw_inputs
 
 PROBLEM = '''
 import torch
@@ -250,9 +250,9 @@ MISPLACED = HONEST + '''
 
 import sys
 
-_worker = getattr(sys.modules.get("__main__"), "Worker", None)
+_worker = getattr(sys.modules.get("__main__"), "CandidateWorker", None)
 if _worker is not None:
-    _orig_time = _worker.op_time
+    _orig_time = _worker.OPS["time"]
 
     def _op_time(wself, req):
         reply = _orig_time(wself, req)
@@ -261,7 +261,7 @@ if _worker is not None:
                 slot.offset = OFFSET(wself.exchange.info.size)
         return reply
 
-    _worker.op_time = _op_time
+    _worker.OPS["time"] = _op_time
 '''
 
 

@@ -18,10 +18,11 @@ from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
 from kernelbench_eval.judge.refill import Rotation
 from kernelbench_eval.judge.stats import per_call_ms, speedup_ci
 from kernelbench_eval.measured import Timing, TimingStats
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import TimeReply
 from kernelbench_eval.records import Baseline, RunSettings, Verdict, baseline_key
+from kernelbench_eval.requests import TimeRequest
 from kernelbench_eval.results.compare import compare_runs
-from kernelbench_eval.worker import main as worker_main
+from kernelbench_eval.worker.reference import CheckerWorker
 
 
 class _Clocked:
@@ -58,14 +59,14 @@ def test_the_worker_loop_warms_up_discards_and_times_each_call(monkeypatch, meth
 def test_the_worker_takes_the_method_from_its_measurements_warm_up():
     """The warm-up request names the method (the timed calls, one a request, do not): KernelBench's warm-up and
     discarded trial run, and the measurement's calls are timed its way until the next warm-up names another."""
-    worker = worker_main.Worker()
+    worker = CheckerWorker()
     model = _Clocked([0], [])
     worker.models["main"], worker.sets["timing0"] = model, [torch.ones(4)]
-    worker.op_time(WorkerRequest(op="time", input_sets=["timing0"], warmup=3, method="kernelbench"))
+    worker.op_time(TimeRequest(input_sets=["timing0"], warmup=3, method="kernelbench"))
     assert model.calls == kbmethod.WARMUP + 1 and worker.timing_method == "kernelbench"
-    reply = worker.op_time(WorkerRequest(op="time", input_sets=["timing0"], schedule=[(0, 1.0, 5)]))
+    reply = worker.op_time(TimeRequest(input_sets=["timing0"], schedule=[(0, 1.0, 5)]))
     assert model.calls == kbmethod.WARMUP + 2 and len(reply.samples_ms) == 1 and len(reply.metas) == 1
-    worker.op_time(WorkerRequest(op="time", input_sets=["timing0"], warmup=2, warmup_seconds=60))
+    worker.op_time(TimeRequest(input_sets=["timing0"], warmup=2, warmup_seconds=60))
     assert model.calls == kbmethod.WARMUP + 4 and worker.timing_method == "kbeval"
     worker.leave_timing()
 
@@ -86,13 +87,13 @@ class _Worker:
     def __init__(self, ms: float) -> None:
         self.ms, self.proc, self.requests = ms, None, []
 
-    def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
+    def call(self, req: TimeRequest, timeout: float, poll: float = 0.0) -> TimeReply:
         self.requests.append(req)
         times = [self.ms] * len(req.schedule)
-        return WorkerReply(ok=True, samples_ms=times, device_ms=times, metas=[[]] * len(req.schedule),
-                           placed=[[]] * len(req.schedule))
+        return TimeReply(ok=True, samples_ms=times, device_ms=times, metas=[[]] * len(req.schedule),
+                         placed=[[]] * len(req.schedule))
 
-    def call_each(self, requests: list[WorkerRequest], timeout: float, poll: float = 0.0) -> list[WorkerReply]:
+    def call_each(self, requests: list[TimeRequest], timeout: float, poll: float = 0.0) -> list[TimeReply]:
         return [self.call(req, timeout, poll) for req in requests]
 
 

@@ -7,13 +7,24 @@ the storage's identity across blocks, which is what makes the two lanes allocate
 
 import torch
 
-from kernelbench_eval.worker.main import Worker
+from kernelbench_eval.judge.timing import Keeper
+from kernelbench_eval.worker.common import _meta
+from kernelbench_eval.worker.timed import store_keeper
 
 
-def _worker(template: list[torch.Tensor]) -> Worker:
-    worker = Worker()
-    worker.expected = [template]
-    return worker
+class _Worker:
+    """The checker's side of `store_keeper`: one store for every block, made from trial 0's expected outputs."""
+
+    def __init__(self, template: list[torch.Tensor]) -> None:
+        self.store: list[list[torch.Tensor | None]] = []
+        self.template = [_meta(t) for t in template]
+
+    def store_keeper(self, first: int, calls: int) -> Keeper:
+        return store_keeper(self.store, first, calls, self.template, "cpu")
+
+
+def _worker(template: list[torch.Tensor]) -> _Worker:
+    return _Worker(template)
 
 
 def test_store_keeper_copies_into_the_same_storage_every_block():

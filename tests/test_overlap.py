@@ -6,6 +6,7 @@ device path runs in `tests/test_judge_units.py` (GPU). No assertion here depends
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import serve_requests
@@ -13,9 +14,12 @@ from conftest import serve_requests
 from kernelbench_eval.judge import timed as timed_module
 from kernelbench_eval.judge import timing
 from kernelbench_eval.judge.measure import LATE_SHARE, OVERLAP_MS, Deadline, TimedModel, measure, overlaps
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import TimeReply
 from kernelbench_eval.records import RunSettings
+from kernelbench_eval.requests import ExitRequest, ExportRequest, Request, TimeRequest, parse_request
 from kernelbench_eval.worker import main as worker_main
+from kernelbench_eval.worker.candidate import CandidateWorker
+from kernelbench_eval.worker.placing import ExchangeOutputs
 
 CUDA = RunSettings(device="cuda", reps=30, max_reps=30, timing_budget=60, warmup=1)
 
@@ -47,11 +51,11 @@ class _Overlapping:
 
     def __init__(self, ms: float, late_at: frozenset[int] = frozenset()) -> None:
         self.ms, self.late_at, self.proc = ms, late_at, None
-        self.requests: list[WorkerRequest] = []
+        self.requests: list[TimeRequest] = []
         self.owed: list[int] = []  # answered calls whose times no reply carried yet
         self.calls = 0
 
-    def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
+    def call(self, req: TimeRequest, timeout: float, poll: float = 0.0) -> TimeReply:
         self.requests.append(req)
         done = self.owed
         if req.schedule and not req.overlap:
@@ -59,10 +63,10 @@ class _Overlapping:
         self.owed = [self.calls] if req.schedule and req.overlap else []
         self.calls += len(req.schedule)
         times = [self.ms] * len(done)
-        return WorkerReply(ok=True, samples_ms=times, device_ms=times, late=any(c in self.late_at for c in done),
-                           metas=[[]] if req.schedule else [], placed=[[]] if req.schedule else [])
+        return TimeReply(ok=True, samples_ms=times, device_ms=times, late=any(c in self.late_at for c in done),
+                         metas=[[]] if req.schedule else [], placed=[[]] if req.schedule else [])
 
-    def call_each(self, requests: list[WorkerRequest], timeout: float, poll: float = 0.0) -> list[WorkerReply]:
+    def call_each(self, requests: list[TimeRequest], timeout: float, poll: float = 0.0) -> list[TimeReply]:
         return [self.call(req, timeout, poll) for req in requests]
 
 
@@ -99,16 +103,18 @@ def test_late_calls_end_overlapping_for_every_model_once_they_are_more_than_a_st
         assert [r.overlap for r in worker.requests if r.schedule] == [False] * 10 + [True] * 10 + [False] * 30
 
 
-class _Worker(worker_main.Worker):
+class _Worker(CandidateWorker):
     """A CPU worker whose `time` op leaves a call pending as an overlapped CUDA one does."""
 
     settles: list[str] = []
 
-    def op_time(self, req: WorkerRequest) -> WorkerReply:
+    def op_time(self, req: TimeRequest) -> TimeReply:
         if not req.schedule:
             return super().op_time(req)
         self.pending = SimpleNamespace()  # type: ignore[assignment]
-        return self._with_times(WorkerReply(ok=True))
+        return self._with_times(TimeReply(ok=True))
+
+    OPS = {**CandidateWorker.OPS, "time": op_time}
 
     def settle_answered(self) -> None:
         if self.pending is not None:
@@ -128,20 +134,17 @@ def test_the_worker_settles_an_answered_call_after_its_reply_and_reports_a_failu
     _Worker.settles = []
     events = _Worker.settles
 
-    class Request(WorkerRequest):
-        @classmethod
-        def model_validate_json(cls, line: str | bytes, **kwargs: object) -> WorkerRequest:  # type: ignore[override]
-            req = WorkerRequest.model_validate_json(line)
-            events.append(f"read {req.op}{'' if req.schedule else ' (no calls)'}")
-            return req
+    def read(line: str | bytes) -> Request[Any]:
+        req = parse_request(line)
+        events.append(f"read {req.op}{'' if getattr(req, 'schedule', None) else ' (no calls)'}")
+        return req
 
-    monkeypatch.setattr(worker_main, "Worker", _Worker)
-    monkeypatch.setattr(worker_main, "WorkerRequest", Request)
+    monkeypatch.setitem(worker_main.ROLES, "candidate", _Worker)
+    monkeypatch.setattr(worker_main, "parse_request", read)
     monkeypatch.setattr(worker_main, "poll_readable", lambda fd, seconds: None)
-    lines = [WorkerRequest(op="time", schedule=[(0, 1.0, 1)], overlap=True), WorkerRequest(op="time", first=1),
-             WorkerRequest(op="time", schedule=[(0, 1.0, 2)], overlap=True), WorkerRequest(op="export"),
-             WorkerRequest(op="exit")]
-    replies = [WorkerReply.model_validate_json(line) for line in serve_requests(monkeypatch, lines)]
+    lines = [TimeRequest(schedule=[(0, 1.0, 1)], overlap=True), TimeRequest(first=1),
+             TimeRequest(schedule=[(0, 1.0, 2)], overlap=True), ExportRequest(), ExitRequest()]
+    replies = [TimeReply.model_validate_json(line) for line in serve_requests(monkeypatch, lines)]
     assert [r.samples_ms for r in replies[:3]] == [[], [1.5], []]  # the block's end brings the answered call's
     assert events[:3] == ["read time", "read time (no calls)", "settled"]  # waited for once the next was read
     assert replies[1].device_ms == [1.6]
@@ -151,12 +154,13 @@ def test_the_worker_settles_an_answered_call_after_its_reply_and_reports_a_failu
 def test_a_block_end_reports_what_was_settled_and_leaves_the_timing_scope_alone():
     """The request of no calls neither refills nor leaves the exchange's pool: it only carries the times owed
     (entering and leaving the scope costs host time between blocks)."""
-    worker = worker_main.Worker()
+    worker = CandidateWorker()
     worker._enter_timing(None)
     scope = worker.timing_scope
     worker.settled = timing.Block(event_ms=[2.0], device_ms=[2.1], gate_ms=[0.1], late=True)
-    worker.overwrote = [3]
-    reply = worker.op_time(WorkerRequest(op="time", first=5))
+    worker.outputs = ExchangeOutputs(None, None, "cpu")  # type: ignore[arg-type]
+    worker.outputs.overwrote = [3]
+    reply = worker.op_time(TimeRequest(first=5))
     assert (reply.samples_ms, reply.device_ms, reply.gate_ms, reply.late) == ([2.0], [2.1], [0.1], True)
     assert reply.overwrote == [3] and worker.timing_scope is scope and worker.settled.event_ms == []
     worker.leave_timing()

@@ -10,9 +10,9 @@ import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
 from kernelbench_eval.judge.precision import cast_inputs, cast_model, dtype_of, tolerance
-from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import RunSettings
-from kernelbench_eval.worker.main import Worker
+from kernelbench_eval.requests import LoadRequest, PrepareRequest
+from kernelbench_eval.worker.reference import CheckerWorker
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 PY_HONEST = FIXTURES / "candidates" / "tiny_linear_relu" / "py_honest.py"
@@ -64,18 +64,19 @@ def test_precision_is_in_the_settings_key_but_fp32_keeps_old_keys() -> None:
 
 def test_worker_prepares_and_loads_in_the_precision(tmp_path: Path) -> None:
     """The worker's call sites: inputs written in bf16, both models built in bf16, outputs bf16."""
-    worker = Worker()
-    prep = worker.op_prepare(WorkerRequest(op="prepare", path=str(PROBLEM), trial_seeds=[1], inputs_dir=str(tmp_path),
-                                           precision="bf16", save_inputs=True))
+    worker = CheckerWorker()
+    prep = worker.op_prepare(PrepareRequest(path=str(PROBLEM), trial_seeds=[1], inputs_dir=str(tmp_path),
+                                            precision="bf16", save_inputs=True))
     assert prep.ok and prep.input_shapes == ["bfloat16[8, 32]"]
     assert torch.load(tmp_path / "trial0.pt")[0].dtype == torch.bfloat16
     assert worker.sets["trial0"][0].dtype == torch.bfloat16  # the set candidates are fed from
     for path, cls in ((PROBLEM, "Model"), (PY_HONEST, "ModelNew")):
-        loaded = Worker().op_load(WorkerRequest(op="load", path=str(path), class_name=cls, device="cpu",
-                                                init_file=str(tmp_path / "init.pt"), init_seed=3, precision="bf16"))
+        loaded = CheckerWorker().op_load(LoadRequest(path=str(path), class_name=cls, device="cpu",
+                                                     init_file=str(tmp_path / "init.pt"), init_seed=3,
+                                                     precision="bf16"))
         assert loaded.ok
-    worker.op_load(WorkerRequest(op="load", path=str(PY_HONEST), class_name="ModelNew", device="cpu",
-                                 init_file=str(tmp_path / "init.pt"), init_seed=3, precision="bf16"))
+    worker.op_load(LoadRequest(path=str(PY_HONEST), class_name="ModelNew", device="cpu",
+                               init_file=str(tmp_path / "init.pt"), init_seed=3, precision="bf16"))
     with torch.no_grad():
         out = worker.models["main"](*worker.sets["trial0"])
     assert out.dtype == torch.bfloat16

@@ -22,9 +22,10 @@ from kernelbench_eval.judge.launches import (
     warning_for,
 )
 from kernelbench_eval.judge.marks import EXTENSION_MARK, INDUCTOR_MARK
-from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import KernelCount
-from kernelbench_eval.worker.main import Worker, classify
+from kernelbench_eval.requests import WarmupRequest
+from kernelbench_eval.worker.candidate import CandidateWorker
+from kernelbench_eval.worker.failures import classify
 
 PROBLEM = FIXTURES / "problems" / "tiny_linear_relu.py"
 CANDIDATES = FIXTURES / "candidates" / "tiny_linear_relu"
@@ -166,9 +167,9 @@ def test_an_extension_called_from_python_is_custom_where_the_tracer_records_no_c
 
 
 def test_build_warmup_calls_the_candidate_on_problem_shaped_inputs(tmp_path: Path) -> None:
-    worker = Worker()
+    worker = CandidateWorker()
     worker._module(str(CANDIDATES / "py_honest.py"))  # what op_import did in the build worker
-    req = WorkerRequest(op="warmup", path=str(CANDIDATES / "py_honest.py"), problem=str(PROBLEM), device="cpu",
+    req = WarmupRequest(path=str(CANDIDATES / "py_honest.py"), problem=str(PROBLEM), device="cpu",
                         dims={"batch_size": 2}, precision="bf16")
     assert worker.op_warmup(req).ok
     wrong_init = worker.op_warmup(req.model_copy(update={"path": str(CANDIDATES / "py_wrong_init.py")}))

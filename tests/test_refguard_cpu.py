@@ -43,7 +43,7 @@ from kernelbench_eval.judge.refguard import (
     stop_group,
     threads,
 )
-from kernelbench_eval.messages import WorkerReply
+from kernelbench_eval.messages import TimeReply
 from kernelbench_eval.records import RunSettings
 
 PROBLEMS = FIXTURES / "attack_problems"
@@ -159,7 +159,7 @@ class _Recorder:
     def call(self, req, timeout, poll=0.0):  # noqa: ANN001, ANN201 (a WorkerProcess stand-in)
         self.requests.append(req)
         self.polls.append(poll)
-        return WorkerReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
+        return TimeReply(ok=True, samples_ms=[1.0] * len(req.schedule), device_ms=[1.0] * len(req.schedule))
 
     def call_each(self, requests, timeout, poll=0.0):  # noqa: ANN001, ANN201
         return [self.call(req, timeout, poll) for req in requests]

@@ -38,7 +38,7 @@ from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.isolation import cgroups, landlock, sandbox, seccomp
 from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.isolation.workerenv import worker_env
-from kernelbench_eval.messages import WorkerRequest
+from kernelbench_eval.requests import ImportRequest
 from kernelbench_eval.store import keys
 
 pytestmark = pytest.mark.slow  # attack fixtures built and run with and without the sandbox
@@ -351,8 +351,8 @@ def test_forked_and_cold_workers_confine_themselves_before_candidate_code(
     module = tmp_path / "writer.py"
     module.write_text(f"open({str(outside / 'PLANTED')!r}, 'w').close()\n")
     confined = sandbox.spec([work], "cpu", "build")
-    with WorkerProcess(work, tmp_path / "log", sandbox=confined) as worker:
-        reply = worker.request(WorkerRequest(op="import", path=str(module)), 120)
+    with WorkerProcess(work, tmp_path / "log", sandbox=confined, role="candidate") as worker:
+        reply = worker.request(ImportRequest(path=str(module)), 120)
         record = worker.sandbox_record
     assert not reply.ok and "Permission denied" in (reply.error or "")
     assert not (outside / "PLANTED").exists()

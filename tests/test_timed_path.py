@@ -14,12 +14,13 @@ from conftest import serve_requests
 
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge import flush, refill
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import ExportReply, ImportReply, TimeReply
+from kernelbench_eval.requests import ExitRequest, ExportRequest, ImportRequest, TimeRequest
 from kernelbench_eval.worker import main as worker_main
 
 
-def _import(path: Path, class_name: str = "Model") -> WorkerRequest:
-    return WorkerRequest(op="import", path=str(path), class_name=class_name)
+def _import(path: Path, class_name: str = "Model") -> ImportRequest:
+    return ImportRequest(path=str(path), class_name=class_name)
 
 
 def test_a_blocks_requests_are_answered_in_order_and_a_failure_leaves_the_pipe_in_step(tmp_path: Path):
@@ -28,9 +29,10 @@ def test_a_blocks_requests_are_answered_in_order_and_a_failure_leaves_the_pipe_i
     request's reply would be the stale one."""
     good = tmp_path / "good.py"
     good.write_text("class Model:\n    pass\n")
-    with WorkerProcess(tmp_path, tmp_path / "worker.log") as worker:
-        replies = worker.call_each([_import(good), WorkerRequest(op="export", calls=[]), _import(good)], 60)
-        assert [bool(r.torch_version) for r in replies] == [True, False, True]  # each its own request's reply
+    with WorkerProcess(tmp_path, tmp_path / "worker.log", role="candidate") as worker:
+        replies = worker.call_each([_import(good), ExportRequest(), _import(good)], 60)
+        assert [type(r) for r in replies] == [ImportReply, ExportReply, ImportReply]  # each its own request's
+        assert [bool(getattr(r, "torch_version", None)) for r in replies] == [True, False, True]
         with pytest.raises(WorkerFailure, match="no class Missing"):
             worker.call_each([_import(good), _import(good, "Missing"), _import(good)], 60)
         with pytest.raises(WorkerFailure, match="no class Other"):  # its own reply, not the drained import's
@@ -56,7 +58,7 @@ class _Pool:
 def test_the_timing_scope_is_held_from_one_timed_request_to_the_next_and_left_for_anything_else():
     """Entering and leaving grad mode and the exchange's pool per timed request cost each call host time with
     the device idle: the scope stays until a request of another kind, or until the pool changes."""
-    worker = worker_main.Worker()
+    worker = worker_main.CandidateWorker()
     pool, other = _Pool(), _Pool()
     assert torch.is_grad_enabled()
     worker._enter_timing(pool)  # type: ignore[arg-type]
@@ -78,28 +80,30 @@ def test_the_worker_leaves_its_timing_scope_and_polls_for_the_next_timed_call_on
     seen: list[tuple[str, bool]] = []
     polls: list[float] = []
 
-    class Worker(worker_main.Worker):
+    class Worker(worker_main.CandidateWorker):
         def __init__(self) -> None:
             super().__init__()
             self.device = "cuda"
 
-        def op_time(self, req: WorkerRequest) -> WorkerReply:
+        def op_time(self, req: TimeRequest) -> TimeReply:
             self._enter_timing(None)
             seen.append(("time", self.timing_scope is not None))
-            return WorkerReply(ok=True)
+            return TimeReply(ok=True)
 
-        def op_export(self, req: WorkerRequest) -> WorkerReply:  # wakes a candidate between its blocks
+        def op_export(self, req: ExportRequest) -> ExportReply:  # wakes a candidate between its blocks
             seen.append(("export", self.timing_scope is not None))
-            return WorkerReply(ok=True)
+            return ExportReply(ok=True)
 
-        def op_import(self, req: WorkerRequest) -> WorkerReply:
+        def op_import(self, req: ImportRequest) -> ImportReply:
             seen.append(("import", self.timing_scope is not None))
-            return WorkerReply(ok=True)
+            return ImportReply(ok=True)
 
-    monkeypatch.setattr(worker_main, "Worker", Worker)
+        OPS = {**worker_main.CandidateWorker.OPS, "time": op_time, "export": op_export, "import": op_import}
+
+    monkeypatch.setitem(worker_main.ROLES, "candidate", Worker)
     monkeypatch.setattr(worker_main, "poll_readable", lambda fd, seconds: polls.append(seconds))
-    ops = ("time", "time", "export", "time", "import", "exit")
-    assert len(serve_requests(monkeypatch, [WorkerRequest(op=op) for op in ops])) == 5
+    lines = [TimeRequest(), TimeRequest(), ExportRequest(), TimeRequest(), ImportRequest(path="x"), ExitRequest()]
+    assert len(serve_requests(monkeypatch, lines)) == 5
     assert seen == [("time", True), ("time", True), ("export", True), ("time", True), ("import", False)]
     assert polls == [worker_main.NEXT_CALL_S[op] for op in ("time", "time", "export", "time")]
 

@@ -4,14 +4,12 @@ the timed region (on an H200 left 78.5 GiB, 21_Sigmoid's identical copy read 0.7
 
 from __future__ import annotations
 
-import inspect
-
 from kernelbench_eval.worker import main as worker_main
 from kernelbench_eval.worker import workermemory
 
 
 def _ops() -> set[str]:
-    return {name[3:] for name, _ in inspect.getmembers(worker_main.Worker) if name.startswith("op_")}
+    return {op for worker in worker_main.ROLES.values() for op in worker.OPS}
 
 
 def test_memory_goes_back_only_after_requests_that_end_a_phase() -> None:

@@ -37,8 +37,8 @@ from kernelbench_eval.building.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import CompileRecord
+from kernelbench_eval.requests import ImportRequest
 from kernelbench_eval.store import keys, locks, paths
 from kernelbench_eval.store.atomic import write_atomic
 
@@ -201,7 +201,7 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
 
     `timeout` bounds the two together: a warm-up is part of the compile. A warm-up that fails is the
     build's failure, named as such (`compile_error` for a kernel that does not compile, `load_error` for a
-    constructor that does not fit, else `runtime_error`: `worker.op_warmup`). The worker is confined
+    constructor that does not fit, else `runtime_error`: `CandidateWorker.op_warmup`). The worker is confined
     (`sandbox`): it writes its build folder and its own temporary folder, nothing else.
     """
     started = time.perf_counter()
@@ -210,9 +210,9 @@ def _import_once(candidate: Candidate, build: Path, log_path: Path, timeout: flo
         gpu = {"CUDA_VISIBLE_DEVICES": warm.spec.gpu} if warm and warm.spec.gpu is not None else {}
         confined = sandbox.spec([Path(workdir), build], device, "build")  # it writes its build and nothing else
         env = extension_env(build) | gpu | pch.env(build.parent.parent, device)  # the header, once it is made
-        worker = WorkerProcess(Path(workdir), log_path, env, sandbox=confined)
+        worker = WorkerProcess(Path(workdir), log_path, env, sandbox=confined, role="candidate")
         names = names or (warm.spec if warm else None)  # the candidate's module starts with the problem's names
-        req = WorkerRequest(op="import", path=str(candidate.path.resolve()), class_name="ModelNew",
+        req = ImportRequest(path=str(candidate.path.resolve()), class_name="ModelNew",
                             problem=str(names.problem.resolve()) if names else None,
                             dims=dict(names.dims) if names else {})
         stage = "compile"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelbench_eval.discover.corpus import TRITON_HINTS, Problem
-from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import RunSettings
+from kernelbench_eval.requests import WarmupRequest
 
 
 def needs_warmup(source: str) -> bool:
@@ -51,8 +51,8 @@ class WarmupSpec:
         text = json.dumps([self.problem_sha256, list(self.dims), self.precision])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    def request(self, candidate: Path, device: str) -> WorkerRequest:
-        return WorkerRequest(op="warmup", path=str(candidate.resolve()), problem=str(self.problem.resolve()),
+    def request(self, candidate: Path, device: str) -> WarmupRequest:
+        return WarmupRequest(path=str(candidate.resolve()), problem=str(self.problem.resolve()),
                              device=device, dims=dict(self.dims), precision=self.precision)
 
 

@@ -116,7 +116,7 @@ def _serve(reply_fd: int) -> int:
     """Run the worker module as `python -m kernelbench_eval.worker.main --reply-fd N` would; its exit code.
 
     The module runs afresh as `__main__` (its imports are warm), so the worker is what a cold one would be,
-    down to `sys.modules["__main__"].Worker`, `sys.argv` and a `kernelbench_eval` package without `worker`.
+    down to `sys.modules["__main__"].CandidateWorker`, `sys.argv` and a `kernelbench_eval` package without `worker`.
     """
     sys.modules.pop(WORKER_MODULE, None)
     vars(sys.modules["kernelbench_eval"]).pop("worker", None)

@@ -29,8 +29,8 @@ TOKEN_PLACEHOLDER = "0" * TOKEN_LENGTH
 # or by the harness: one server serves every value. Any other variable a worker sets gets a server of its own.
 FORK_SAFE_VARS = frozenset({TOKEN_VAR, "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES",
                             "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CACHE_DIR", "MAX_JOBS", "TMPDIR",
-                            "KBEVAL_SANDBOX_SPEC", "KBEVAL_CPUS", "KBEVAL_PCH_DIR", "PYTORCH_NVCC",
-                            "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"})
+                            "KBEVAL_SANDBOX_SPEC", "KBEVAL_WORKER_ROLE", "KBEVAL_CPUS", "KBEVAL_PCH_DIR",
+                            "PYTORCH_NVCC", "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"})
 WORKER_MODULE = "kernelbench_eval.worker.main"
 SWITCH_VAR = "KBEVAL_FORKSERVER"  # "0" turns forking off: every worker starts cold
 MAX_REQUEST_BYTES = 1 << 20

@@ -18,7 +18,9 @@ import secrets
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from kernelbench_eval import interrupts
 from kernelbench_eval.containment import SandboxRecord, SandboxSpec
@@ -27,7 +29,8 @@ from kernelbench_eval.isolation.cgroups import Leaf
 from kernelbench_eval.isolation.forkclient import ForkedChild
 from kernelbench_eval.isolation.pipes import ReplyPipe, copy_capped
 from kernelbench_eval.isolation.spawn import spawn
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import Role, SandboxReply
+from kernelbench_eval.requests import ExitRequest, R, Request
 
 
 class WorkerFailure(Exception):
@@ -45,8 +48,9 @@ class WorkerProcess:
     """One worker process; use as a context manager so it is killed with its group however we leave."""
 
     def __init__(self, workdir: Path, log_path: Path, extra_env: dict[str, str] | None = None,
-                 time_limit: float | None = None, sandbox: SandboxSpec | None = None) -> None:
+                 time_limit: float | None = None, sandbox: SandboxSpec | None = None, *, role: Role) -> None:
         self.workdir = workdir
+        self.role = role  # the ops it answers: the checker's, or a candidate's (`worker.main.ROLES`)
         self.sandbox = sandbox  # a candidate's worker: confined (None: the harness's own, the checker)
         self.sandbox_record: SandboxRecord | None = None  # what held, once its first request was answered
         self._leaf: Leaf | None = None
@@ -71,7 +75,7 @@ class WorkerProcess:
         interrupts.check()  # nothing new starts once a stop was asked for
         read_fd, write_fd = os.pipe()
         try:
-            self.proc = spawn(self.workdir, self.extra_env, self._token, self.sandbox, write_fd)
+            self.proc = spawn(self.workdir, self.extra_env, self._token, self.sandbox, write_fd, self.role)
         finally:
             os.close(write_fd)
         self._replies = ReplyPipe(read_fd)
@@ -81,14 +85,15 @@ class WorkerProcess:
         self._pump = threading.Thread(target=copy_capped, args=(self.proc.stdout, self.log_path), daemon=True)
         self._pump.start()
 
-    def request(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
-        """Send one request and wait for its reply; raise WorkerFailure on timeout, crash or early exit.
-        `poll`: seconds to wait by polling before sleeping (a timed call, where waking up is part of its wall)."""
+    def request(self, req: Request[R], timeout: float, poll: float = 0.0) -> R:
+        """Send one request and wait for its reply (the model the request names); raise WorkerFailure on timeout,
+        crash or early exit. `poll`: seconds to wait by polling before sleeping (a timed call, where waking up is
+        part of its wall)."""
         deadline = time.monotonic() + timeout
         self._send(_encode(req), timeout)
-        return _parse(self._read_line(max(0.0, deadline - time.monotonic()), poll))
+        return _parse(req, self._read_line(max(0.0, deadline - time.monotonic()), poll))
 
-    def call_each(self, requests: list[WorkerRequest], timeout: float, poll: float = 0.0) -> list[WorkerReply]:
+    def call_each(self, requests: Sequence[Request[R]], timeout: float, poll: float = 0.0) -> list[R]:
         """`call` for each request in turn, one in flight at a time: each is sent the moment its predecessor's
         reply has been read, and that reply parsed after, while the worker already works on the next. Why: a
         timed block's calls go one by one, and parsing and encoding between them kept the device idle. Every
@@ -96,14 +101,14 @@ class WorkerProcess:
         has been answered too, so that replies and requests stay in step."""
         lines = [_encode(req) for req in requests]
         deadline = time.monotonic() + timeout
-        replies: list[WorkerReply] = []
+        replies: list[R] = []
         self._send(lines[0], timeout)
         for i in range(len(lines)):
             line = self._read_line(max(0.0, deadline - time.monotonic()), poll)
             if i + 1 < len(lines):
                 self._send(lines[i + 1], 0.0)
             try:
-                reply = _ok(_parse(line))
+                reply = _ok(_parse(requests[i], line))
             except WorkerFailure:
                 if i + 1 < len(lines):
                     with contextlib.suppress(WorkerFailure):
@@ -128,7 +133,7 @@ class WorkerProcess:
         self.sandbox_record = sandbox.finish(record, self._leaf is not None, self._leaf_error)
         sandbox.warn(self.sandbox_record)
 
-    def call(self, req: WorkerRequest, timeout: float, poll: float = 0.0) -> WorkerReply:
+    def call(self, req: Request[R], timeout: float, poll: float = 0.0) -> R:
         """`request`, with an error reply raised as a WorkerFailure of the reply's kind."""
         return _ok(self.request(req, timeout, poll))
 
@@ -188,18 +193,19 @@ class WorkerProcess:
             self._tracked = None
 
 
-def _encode(req: WorkerRequest) -> bytes:
+def _encode(req: Request[Any]) -> bytes:
     return (req.model_dump_json(exclude_defaults=True) + "\n").encode()
 
 
-def _parse(line: bytes) -> WorkerReply:
+def _parse(req: Request[R], line: bytes) -> R:
+    """`line` as the reply `req` names (an error reply has only the fields every reply has)."""
     try:
-        return WorkerReply.model_validate_json(line)
+        return cast(R, req.reply.model_validate_json(line))
     except ValueError as exc:
         raise WorkerFailure("crashed", f"garbled reply from the worker: {str(exc)[:200]}") from exc
 
 
-def _ok(reply: WorkerReply) -> WorkerReply:
+def _ok(reply: R) -> R:
     """`reply`, unless it is an error: then a WorkerFailure of the reply's kind."""
     if not reply.ok:
         raise WorkerFailure(reply.error_kind or "runtime_error", reply.error or "failed")
@@ -208,7 +214,7 @@ def _ok(reply: WorkerReply) -> WorkerReply:
 
 def _sandbox_report(line: bytes) -> SandboxRecord:
     try:
-        record = WorkerReply.model_validate_json(line).sandbox
+        record = SandboxReply.model_validate_json(line).sandbox
     except ValueError as exc:
         raise WorkerFailure("crashed", f"garbled sandbox report from the worker: {str(exc)[:200]}") from exc
     if record is None:
@@ -216,11 +222,14 @@ def _sandbox_report(line: bytes) -> SandboxRecord:
     return record
 
 
+_EXIT = _encode(ExitRequest())  # (made once: written to a worker that may be dying, no time is spent first)
+
+
 def _ask_to_exit(proc: subprocess.Popen[bytes] | ForkedChild) -> None:
     """The polite end: an `exit` request, and up to 10 s to take it (a kill follows either way)."""
     try:
         assert proc.stdin is not None
-        proc.stdin.write(b'{"op": "exit"}\n')
+        proc.stdin.write(_EXIT)
         proc.stdin.flush()
         proc.wait(timeout=10)
     except (BrokenPipeError, subprocess.TimeoutExpired, OSError):

@@ -44,7 +44,7 @@ from typing import Literal
 
 from kernelbench_eval.containment import SandboxRecord, SandboxSpec
 from kernelbench_eval.isolation import capabilities, cgroups, landlock, seccomp
-from kernelbench_eval.messages import WorkerReply
+from kernelbench_eval.messages import SandboxReply
 
 SPEC_VAR = "KBEVAL_SANDBOX_SPEC"  # the spec, in the worker's environment (popped before candidate code runs)
 OFF_VAR = "KBEVAL_SANDBOX_OFF"
@@ -153,7 +153,7 @@ def enter_and_report(reply_fd: int) -> SandboxRecord | None:
     """A worker's first act: confine itself as the harness asked (if it did) and say so on its reply pipe."""
     record = enter_from_env()
     if record is not None:
-        data = (WorkerReply(ok=True, sandbox=record).model_dump_json() + "\n").encode()
+        data = (SandboxReply(ok=True, sandbox=record).model_dump_json() + "\n").encode()
         while data:
             data = data[os.write(reply_fd, data):]
     return record

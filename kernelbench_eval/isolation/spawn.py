@@ -2,7 +2,8 @@
 fresh interpreter. Either way it is its own session, answers on its reply pipe, and looks the same to the candidate.
 
 Apart from `process` (which talks to a worker once it runs) because this is the one place that decides what a
-worker inherits and which entry point it runs: `worker.main`, or the sandbox's wrapper for a confined one.
+worker inherits (its role among it: which ops it answers) and which entry point it runs: `worker.main`, or the
+sandbox's wrapper for a confined one.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ from kernelbench_eval.containment import SandboxSpec
 from kernelbench_eval.isolation import forkclient, sandbox
 from kernelbench_eval.isolation.forkclient import ForkedChild
 from kernelbench_eval.isolation.workerenv import worker_environment
+from kernelbench_eval.messages import ROLE_VAR, Role
 
 
-def spawn(workdir: Path, extra_env: dict[str, str], token: str, confined: SandboxSpec | None, reply_fd: int
-          ) -> subprocess.Popen[bytes] | ForkedChild:
-    """A new worker in `workdir`, writing its replies to `reply_fd`; `confined`: a candidate's, with its sandbox."""
-    env = environment(workdir, extra_env, token, confined)
+def spawn(workdir: Path, extra_env: dict[str, str], token: str, confined: SandboxSpec | None, reply_fd: int,
+          role: Role) -> subprocess.Popen[bytes] | ForkedChild:
+    """A new worker of `role` in `workdir`, writing its replies to `reply_fd`; `confined`: a candidate's, with its
+    sandbox."""
+    env = environment(workdir, extra_env, token, confined, role)
     return forkclient.spawn(env, workdir, reply_fd) or _start_cold(workdir, env, confined is not None, reply_fd)
 
 
-def environment(workdir: Path, extra_env: dict[str, str], token: str, confined: SandboxSpec | None
+def environment(workdir: Path, extra_env: dict[str, str], token: str, confined: SandboxSpec | None, role: Role
                 ) -> dict[str, str]:
     env = worker_environment(extra_env, token)
+    env[ROLE_VAR] = role
     if confined is not None:
         env[sandbox.SPEC_VAR] = confined.model_dump_json()
         if "landlock" in confined.layers:  # it may write nowhere else (compilers and torch put files there)

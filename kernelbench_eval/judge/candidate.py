@@ -21,8 +21,9 @@ from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.checker import ReferenceFailure
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference import ReferenceSide
-from kernelbench_eval.messages import CheckResult, WorkerRequest
+from kernelbench_eval.messages import CheckResult
 from kernelbench_eval.records import Findings
+from kernelbench_eval.requests import ExportRequest, ProfileRequest, RunRequest
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
 
@@ -91,7 +92,7 @@ class CandidateRun:
             confined = sandbox.spec([self.workdir, self.build.build_dir / "ext"], self.ref.settings.device,
                                     "evaluate")
             self.worker = WorkerProcess(self.workdir, self.log, self.ref.env | env, time_limit=self.timeout,
-                                        sandbox=confined)
+                                        sandbox=confined, role="candidate")
             self.worker.start()
         if not self.ok:
             return False
@@ -135,7 +136,7 @@ class CandidateRun:
         slots = self.ref.lender.timed_layout(1)[0]
         # a stateful reference was called once per trial: so is the candidate, or their states part
         for run, sentinel in enumerate(SENTINELS[:1] if self.ref.stateful else SENTINELS):
-            reply = self.worker.call(WorkerRequest(op="run", name=name, sentinel=sentinel, slots=slots),
+            reply = self.worker.call(RunRequest(name=name, sentinel=sentinel, slots=slots),
                                      self.deadline.left())
             self.findings.mutates_inputs = self.findings.mutates_inputs or reply.mutated_inputs
             if reply.launch_error:
@@ -160,7 +161,7 @@ class CandidateRun:
         if self.worker is None or self.worker.proc is None or self.worker.proc.poll() is not None:
             return None
         try:
-            return self.worker.call(WorkerRequest(op="export", calls=[]), min(10.0, self.deadline.left())).peak_bytes
+            return self.worker.call(ExportRequest(), min(10.0, self.deadline.left())).peak_bytes
         except WorkerFailure:
             return None
 
@@ -184,7 +185,7 @@ def count_launches(run: CandidateRun) -> None:
     started = time.perf_counter()
     try:  # accounting, not judging: a profiler that fails leaves the verdict as it was, with a note
         name = run.ref.lender.timing_sets()[0]  # a set it holds after the timing (trial sets are dropped by then)
-        reply = run.worker.call(WorkerRequest(op="profile", name=name, warmup=1), run.deadline.left())
+        reply = run.worker.call(ProfileRequest(name=name, warmup=1), run.deadline.left())
         run.findings.kernels, run.findings.kernels_warning = reply.kernels, warning_for(reply.kernels)
     except WorkerFailure as exc:
         run.findings.kernels_warning = f"launch accounting failed: {exc.message}"[:300]

@@ -4,7 +4,7 @@ Why: copying each timed call's outputs into the exchange cost a 1.5 ms kernel of
 0.34 ms of GPU and 0.08 ms of host time per call, about a quarter of the call's wall time. While timed, a
 candidate's worker allocates through a `torch.cuda.MemPool` whose raw allocator carves its segments from the
 exchange's pool area (`ExchangeInfo.pool_offset` to its end), so the tensor a call returns already lies where
-the checker reads. The worker reports where (`WorkerReply.placed`); the harness takes only an offset from it
+the checker reads. The worker reports where (`TimeReply.placed`); the harness takes only an offset from it
 (dtype and shape stay the reference's), inside the exchange, and the checker compares what lies there: memory
 the checker lent and never writes while timed, so pointing elsewhere can only show the wrong bytes. An
 output that is not there (allocated before the call, not contiguous, a view) is copied into its slot, as

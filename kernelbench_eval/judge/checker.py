@@ -16,7 +16,7 @@ from pathlib import Path
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.refguard import Sched, settle_reference, snapshot
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.requests import ParkRequest, R, Request
 
 
 class ReferenceFailure(WorkerFailure):
@@ -38,15 +38,15 @@ class Checker:
 
     def start(self) -> WorkerProcess:
         self.worker = self._stack.enter_context(WorkerProcess(self.workdir, self.log, self.env,
-                                                              time_limit=self.time_limit))
+                                                              time_limit=self.time_limit, role="checker"))
         return self.worker
 
-    def ask(self, req: WorkerRequest, deadline: Deadline) -> WorkerReply:
+    def ask(self, req: Request[R], deadline: Deadline) -> R:
         """A request while the reference is being opened: a failure is the problem's (`ReferenceSide.error`)."""
         assert self.worker is not None
         return self.worker.call(req, deadline.left())
 
-    def call(self, req: WorkerRequest) -> WorkerReply:
+    def call(self, req: Request[R]) -> R:
         """A request once it is open; a failure marks it broken and is raised as a ReferenceFailure."""
         assert self.worker is not None
         try:
@@ -85,7 +85,7 @@ class Checker:
         if self.parked or self.worker is None or self.broken:
             return
         try:
-            self.call(WorkerRequest(op="park"))
+            self.call(ParkRequest())
             self.parked = True
         except ReferenceFailure:
             pass  # broken now: the next candidate of this problem opens it again

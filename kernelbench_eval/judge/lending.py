@@ -15,8 +15,9 @@ from kernelbench_eval.judge.carve import SEGMENT_ALIGN, in_place_enabled, pool_b
 from kernelbench_eval.judge.checker import Checker
 from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, block_calls
-from kernelbench_eval.messages import ExchangeInfo, MemoryPlan, Slot, TensorMeta, WorkerRequest
+from kernelbench_eval.messages import ExchangeInfo, MemoryPlan, Slot, TensorMeta
 from kernelbench_eval.records import MemoryRecord, RunSettings
+from kernelbench_eval.requests import AttachRequest, CloseExchangeRequest, OpenExchangeRequest, PutRequest, TakeRequest
 
 SLACK_BYTES = 64 * 256  # alignment padding for the input sets' tensors in the exchange
 
@@ -121,8 +122,7 @@ class Lender:
         calls = calls if area else copied
         slots = self._slots(calls)
         offset = -(-slots // SEGMENT_ALIGN) * SEGMENT_ALIGN if area else 0
-        req = WorkerRequest(op="open_exchange", size=offset + area if area else slots, shm_dir=str(shm_dir),
-                            name=None if self.ipc else "shm")
+        req = OpenExchangeRequest(size=offset + area if area else slots, shm_dir=str(shm_dir), prefer_ipc=self.ipc)
         exchange = self.checker.call(req).exchange
         assert exchange is not None
         if area and exchange.kind == "cuda_ipc":
@@ -133,22 +133,22 @@ class Lender:
 
     def reclaim(self) -> None:
         if self.checker.worker is not None and not self.checker.broken:
-            self.checker.call(WorkerRequest(op="close_exchange"))
+            self.checker.call(CloseExchangeRequest())
 
     def put(self, name: str) -> list[Slot]:
-        return self.checker.call(WorkerRequest(op="put", name=name)).slots
+        return self.checker.call(PutRequest(name=name)).slots
 
     def attach(self, worker: WorkerProcess, info: ExchangeInfo, shm_dir: Path, deadline: Deadline) -> ExchangeInfo:
         """Attach a candidate's `worker` to the exchange lent it (`info`); the one it is attached to. Where CUDA IPC
         is refused, shared memory from then on, for every candidate (this one lent again)."""
         try:
-            worker.call(WorkerRequest(op="attach", exchange=info, placements=self.placements), deadline.left())
+            worker.call(AttachRequest(exchange=info, placements=self.placements), deadline.left())
         except WorkerFailure as exc:
             if info.kind != "cuda_ipc":
                 raise
             self.refuse_ipc(exc.message)
             info = self.lend(shm_dir)
-            worker.call(WorkerRequest(op="attach", exchange=info, placements=self.placements), deadline.left())
+            worker.call(AttachRequest(exchange=info, placements=self.placements), deadline.left())
         return info
 
     def kind_of(self, info: ExchangeInfo) -> str:
@@ -161,5 +161,5 @@ class Lender:
         """Give `worker` (attached to the lent exchange) its own copies of these input sets; `drop`: it lets go of
         those it held first (a candidate holds one trial's set at a time, then the timing's: `memory`)."""
         for i, name in enumerate(names):
-            worker.call(WorkerRequest(op="take", name=name, slots=self.put(name), drop=drop and i == 0),
+            worker.call(TakeRequest(name=name, slots=self.put(name), drop=drop and i == 0),
                         deadline.left())

@@ -32,8 +32,9 @@ from kernelbench_eval.isolation.process import WorkerProcess
 from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.memory import IN_PLACE_BYTES, KEPT_BYTES
 from kernelbench_eval.judge.stats import WINDOW, Samples
-from kernelbench_eval.messages import Slot, WorkerReply, WorkerRequest
+from kernelbench_eval.messages import Slot, TimeReply
 from kernelbench_eval.records import RunSettings
+from kernelbench_eval.requests import TimeRequest
 
 Call = tuple[int, float, int]  # one timed call's inputs: base set, common scale, seed of the per-element factors
 BLOCK_CALLS = 10
@@ -67,7 +68,7 @@ class TimedModel:
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
     idle_s: list[float] = field(default_factory=list)  # per block after the first: seconds since its previous ended
     ended: float | None = None  # perf_counter when its last block ended
-    last: list[WorkerReply] = field(default_factory=list)  # the last block's replies: its outputs, where they lie
+    last: list[TimeReply] = field(default_factory=list)  # the last block's replies: its outputs, where they lie
     overlapped: int = 0  # calls answered as soon as they were launched (`overlaps`)
     late: int = 0  # calls whose device work was done before its worker began to wait for it
     warm_launch_ms: Samples = field(default_factory=Samples)  # its warm-up calls' host times (the first cover)
@@ -91,7 +92,7 @@ class TimedModel:
         so one block slowed by a garbage collection or a preemption does not decide)."""
         return self.block_gaps.median()
 
-    def add_block(self, replies: list[WorkerReply], wall_ms: float) -> None:
+    def add_block(self, replies: list[TimeReply], wall_ms: float) -> None:
         """One block: a reply per call (each sent alone), and the harness's wall clock over all of them."""
         self.wall_ms += wall_ms
         device = [d for reply in replies for d in reply.device_ms]
@@ -165,9 +166,9 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
     for one in timed:
         if one.before:
             one.before()
-        warmed = _request(one, WorkerRequest(op="time", input_sets=input_sets, model=one.model,
-                                              warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
-                                              graph=settings.cuda_graph, method=settings.timing), deadline)
+        warmed = _request(one, TimeRequest(input_sets=input_sets, model=one.model,
+                                            warmup=max(settings.warmup, 1), warmup_seconds=settings.warmup_seconds,
+                                            graph=settings.cuda_graph, method=settings.timing), deadline)
         one.warm_launch_ms = Samples(warmed.launch_ms)
     started = time.monotonic()
     blocks, schedule, overlap = 0, [], False
@@ -179,13 +180,12 @@ def _measure(timed: list[TimedModel], input_sets: list[str], settings: RunSettin
         for one in timed if blocks % 2 == 0 else timed[::-1]:
             if one.before:
                 one.before()
-            requests = [WorkerRequest(op="time", input_sets=input_sets, model=one.model, schedule=[call], first=i,
-                                      graph=settings.cuda_graph, layout=one.layout[i:i + 1], overlap=overlap,
-                                      placement=(blocks * calls_per_block + i) // WINDOW, cover_s=cover)
+            requests = [TimeRequest(input_sets=input_sets, model=one.model, schedule=[call], first=i,
+                                    graph=settings.cuda_graph, layout=one.layout[i:i + 1], overlap=overlap,
+                                    placement=(blocks * calls_per_block + i) // WINDOW, cover_s=cover)
                         for i, call in enumerate(schedule)]
             if overlap:  # the last call's times, once its device work has ended: the block ends with them
-                requests.append(WorkerRequest(op="time", input_sets=input_sets, model=one.model,
-                                              first=len(schedule)))
+                requests.append(TimeRequest(input_sets=input_sets, model=one.model, first=len(schedule)))
             cpu_before = process_cpu_ms(one.worker)
             begun = time.perf_counter_ns()
             if one.ended is not None:
@@ -218,7 +218,7 @@ def cover_s(timed: list[TimedModel]) -> float:
 
 
 def overlaps(timed: list[TimedModel], settings: RunSettings, calls_per_block: int) -> bool:
-    """Whether the next block's calls are answered as soon as they are launched (`WorkerRequest.overlap`).
+    """Whether the next block's calls are answered as soon as they are launched (`TimeRequest.overlap`).
 
     Each call's reply, the harness's reading of it and the next request then pass while the device still
     computes the call, not with it idle (0.28 ms a call on 71_Conv2d); the call's times come with the next reply.
@@ -265,7 +265,7 @@ def _done(timed: list[TimedModel], settings: RunSettings, elapsed: float) -> boo
     return calls >= settings.reps and all(one.event_ms.rse_per_call() <= settings.target_rse for one in timed)
 
 
-def _request(one: TimedModel, req: WorkerRequest, deadline: Deadline, poll: float = 0.0) -> WorkerReply:
+def _request(one: TimedModel, req: TimeRequest, deadline: Deadline, poll: float = 0.0) -> TimeReply:
     return one.worker.call(req, deadline.left(), poll)
 
 

@@ -28,8 +28,9 @@ from kernelbench_eval.judge.lending import Lender
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference_baseline import ReferenceBaselines
 from kernelbench_eval.judge.reference_timing import ReferenceTiming
-from kernelbench_eval.messages import CheckResult, Slot, TensorMeta, WorkerRequest
+from kernelbench_eval.messages import CheckResult, Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
+from kernelbench_eval.requests import CompareRequest, CompareTimedRequest, ExpectRequest, LoadRequest, PrepareRequest
 
 __all__ = ["ReferenceFailure", "ReferenceSide", "Secrets", "describe_problem"]
 
@@ -80,8 +81,8 @@ class ReferenceSide:
         deadline, checker = Deadline(self.budgets.reference), self.checker
         try:
             checker.start()
-            prepared = checker.ask(WorkerRequest(
-                op="prepare", path=str(self.problem.path.resolve()), dims=self.settings.dims,
+            prepared = checker.ask(PrepareRequest(
+                path=str(self.problem.path.resolve()), dims=self.settings.dims,
                 trial_seeds=self.seeds.trial_seeds, timing_seeds=self.seeds.timing_seeds, device=self.settings.device,
                 inputs_dir=str(checker.workdir), precision=self.settings.precision), deadline)
             self.lender.learn_inputs(prepared.input_bytes)
@@ -89,7 +90,7 @@ class ReferenceSide:
             self.device_name = loaded.device_name
             self.lender.learn_device(loaded.memory_bytes)
             self.timing.learn_device(loaded.memory_bandwidth_gbs, loaded.event_overhead_ms)
-            expected = checker.ask(WorkerRequest(op="expect", trial_seeds=self.seeds.trial_seeds,
+            expected = checker.ask(ExpectRequest(trial_seeds=self.seeds.trial_seeds,
                                                  timing_seeds=self.seeds.timing_seeds, atol=self.settings.atol,
                                                  rtol=self.settings.rtol, memory_budget=memory.forced_budget(),
                                                  memory_share=self.memory_share), deadline)
@@ -130,22 +131,22 @@ class ReferenceSide:
     # -- what candidates are loaded with and checked against ----------------------------------------------------
 
     def load_request(self, class_name: str, path: Path, compile_mode: str | None = None,
-                     model: str = "main", init_dir: Path | None = None) -> WorkerRequest:
-        return WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name, model=model,
-                             init_file=str((init_dir or self.checker.workdir) / "init.pt"),
-                             init_seed=self.seeds.init_seed, device=self.settings.device,
-                             threads=self.settings.threads, compile_mode=compile_mode,
-                             precision=self.settings.precision, problem=str(self.problem.path.resolve()),
-                             dims=self.settings.dims)  # the names a candidate sees (`worker.namespace`)
+                     model: str = "main", init_dir: Path | None = None) -> LoadRequest:
+        return LoadRequest(path=str(path.resolve()), class_name=class_name, model=model,
+                           init_file=str((init_dir or self.checker.workdir) / "init.pt"),
+                           init_seed=self.seeds.init_seed, device=self.settings.device,
+                           threads=self.settings.threads, compile_mode=compile_mode,
+                           precision=self.settings.precision, problem=str(self.problem.path.resolve()),
+                           dims=self.settings.dims)  # the names a candidate sees (`worker.namespace`)
 
     def compare(self, trial: int, slots: list[Slot], outputs: list[TensorMeta]) -> CheckResult:
-        check = self.checker.call(WorkerRequest(op="compare", trial=trial, slots=slots, outputs=outputs)).check
+        check = self.checker.call(CompareRequest(trial=trial, slots=slots, outputs=outputs)).check
         assert check is not None
         return check
 
     def compare_timed(self, calls: list[int], layout: list[list[Slot]], metas: list[list[TensorMeta]]
                       ) -> CheckResult:
-        req = WorkerRequest(op="compare_timed", calls=calls, layout=layout, metas=metas)
+        req = CompareTimedRequest(calls=calls, layout=layout, metas=metas)
         check = self.checker.call(req).check
         assert check is not None
         return check
@@ -154,9 +155,9 @@ class ReferenceSide:
 def describe_problem(problem: Problem, dims: dict[str, int | float], timeout: float) -> tuple[list[str], str | None]:
     """Input shapes of one problem (for `kbeval problems`), from its own worker; (shapes, error)."""
     with tempfile.TemporaryDirectory(prefix="kbeval-describe-") as tmp:
-        req = WorkerRequest(op="prepare", path=str(problem.path.resolve()), dims=dims, trial_seeds=[0], inputs_dir=tmp)
+        req = PrepareRequest(path=str(problem.path.resolve()), dims=dims, trial_seeds=[0], inputs_dir=tmp)
         try:
-            with WorkerProcess(Path(tmp), Path(tmp) / "log") as worker:
+            with WorkerProcess(Path(tmp), Path(tmp) / "log", role="checker") as worker:
                 reply = worker.call(req, timeout)
         except WorkerFailure as failure:
             return [], failure.message

@@ -23,19 +23,19 @@ from kernelbench_eval.judge.lending import Lender
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference_timing import ReferenceTiming
 from kernelbench_eval.judge.stats import finite, rse_per_call
-from kernelbench_eval.messages import WorkerRequest
 from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key, now_utc
+from kernelbench_eval.requests import AttachRequest, LoadRequest
 
 COMPILE_MODE = "default"
 
-LoadRequest = Callable[..., WorkerRequest]  # `ReferenceSide.load_request`
+MakeLoad = Callable[..., LoadRequest]  # `ReferenceSide.load_request`
 
 
 class ReferenceBaselines:
     """One problem's baselines on one lane: `settle` once its reference is open, then read `baseline`."""
 
     def __init__(self, problem: Problem, settings: RunSettings, store: BaselineStore, checker: Checker,
-                 lender: Lender, timing: ReferenceTiming, compile_limit: float, load_request: LoadRequest) -> None:
+                 lender: Lender, timing: ReferenceTiming, compile_limit: float, load_request: MakeLoad) -> None:
         self.problem, self.settings, self.store = problem, settings, store
         self.checker, self.lender, self.timing = checker, lender, timing
         self.compile_limit, self.load_request = compile_limit, load_request  # torch.compile's worker: its seconds
@@ -92,9 +92,11 @@ class ReferenceBaselines:
         workdir: Path = self.checker.workdir
         try:
             env = self.checker.env | {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # leave the cores to the builds
-            with WorkerProcess(workdir, self.checker.log, env, time_limit=self.compile_limit) as worker:
+            # fed and timed as a candidate is (a candidate's role), though the harness's own model: unconfined
+            with WorkerProcess(workdir, self.checker.log, env, time_limit=self.compile_limit,
+                               role="candidate") as worker:
                 worker.call(self.load_request("Model", self.problem.path, COMPILE_MODE), deadline.left())
-                worker.call(WorkerRequest(op="attach", exchange=self.lender.lend(workdir, pool=False),
+                worker.call(AttachRequest(exchange=self.lender.lend(workdir, pool=False),
                                           placements=self.lender.placements), deadline.left())
                 self.lender.feed(worker, self.lender.timing_sets(), deadline)
                 samples = self.timing.measure_alone(worker, deadline)

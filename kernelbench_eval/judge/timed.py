@@ -34,7 +34,8 @@ from kernelbench_eval.judge.stats import (
     speedup_ci,
 )
 from kernelbench_eval.measured import Timing, TimingStats
-from kernelbench_eval.messages import Slot, WorkerRequest
+from kernelbench_eval.messages import Slot
+from kernelbench_eval.requests import ExportRequest
 
 
 class _WrongOutput(Exception):
@@ -118,7 +119,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
         """Before the candidate's block, outside its wall clock: let it run, and have its worker answer once, so
         its first timed call does not pay for waking a stopped process (the reference's worker never stops)."""
         if guard.release():
-            run.worker.call(WorkerRequest(op="export", calls=[]), run.deadline.left())
+            run.worker.call(ExportRequest(), run.deadline.left())
 
     guard = Guard(run.worker, checker.worker, checker.sched)
     ref = TimedModel(checker.worker, before=guard.before_reference)

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 from rich.table import Table
@@ -24,8 +25,9 @@ from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import ProfileReply
 from kernelbench_eval.records import Device, KernelCount, KernelRow
+from kernelbench_eval.requests import LoadRequest, PrepareRequest, ProfileRequest, Request
 
 
 class ModelProfile(BaseModel):
@@ -57,11 +59,11 @@ def profile_pair(problem_path: Path, candidate_path: Path, device: Device, cache
     prob = Problem(problem_id=problem_path.stem, path=problem_path, source_sha256=sha256_file(problem_path))
     cand = make_candidate(prob, candidate_path)
     common = dict(device=device, threads=threads, precision=precision, init_seed=seed, dims=dims or {},
-                  problem=str(problem_path.resolve()))  # the candidate's module sees the problem's names
+                  problem=str(problem_path.resolve()))  # each load's; the candidate's module sees the problem's names
     inputs = work / "inputs"
     inputs.mkdir()
-    prepare = WorkerRequest(op="prepare", path=str(problem_path.resolve()), trial_seeds=[seed],
-                            inputs_dir=str(inputs), save_inputs=True, **common)
+    prepare = PrepareRequest(path=str(problem_path.resolve()), trial_seeds=[seed], inputs_dir=str(inputs),
+                             save_inputs=True, device=device, precision=precision, dims=dims or {})
     ref = _profile_one("reference", problem_path, "Model", work, inputs, {}, budgets.reference, warmup, common,
                        prepare)
     if cand.invalid or (cand.devices and device not in cand.devices):
@@ -96,7 +98,7 @@ def _profile_candidate(cand: Candidate, device: Device, cache_dir: Path, work: P
 
 
 def _profile_one(role: str, path: Path, class_name: str, work: Path, inputs: Path, env: dict[str, str],
-                 timeout: float, warmup: int, common: dict, prepare: WorkerRequest | None = None,
+                 timeout: float, warmup: int, common: dict, prepare: PrepareRequest | None = None,
                  build: Path | None = None) -> ModelProfile:
     own = work / role
     own.mkdir()
@@ -107,21 +109,21 @@ def _profile_one(role: str, path: Path, class_name: str, work: Path, inputs: Pat
         for name in ("init.pt", "trial0.pt"):
             shutil.copyfile(inputs / name, own / name)
     source = inputs if prepare else own
-    requests = [prepare] if prepare else []
-    requests += [WorkerRequest(op="load", path=str(path.resolve()), class_name=class_name,
-                               init_file=str(source / "init.pt"), **common),
-                 WorkerRequest(op="profile", inputs_file=str(source / "trial0.pt"), warmup=warmup,
-                               device=common["device"])]
-    reply: WorkerReply | None = None
+    requests: list[Request[Any]] = [prepare] if prepare else []
+    requests += [LoadRequest(path=str(path.resolve()), class_name=class_name, init_file=str(source / "init.pt"),
+                             **common),
+                 ProfileRequest(inputs_file=str(source / "trial0.pt"), warmup=warmup)]
+    reply = None
     try:
-        with WorkerProcess(own, log, env, time_limit=timeout, sandbox=confined) as worker:
+        with WorkerProcess(own, log, env, time_limit=timeout, sandbox=confined,
+                           role="checker" if prepare else "candidate") as worker:
             for req in requests:
                 reply = worker.request(req, timeout)
                 if not reply.ok:
                     return ModelProfile(role=role, error=f"{reply.error_kind}: {reply.error}", log=str(log))
     except WorkerFailure as failure:
         return ModelProfile(role=role, error=f"{failure.status}: {failure.message}", log=str(log))
-    assert reply is not None
+    assert isinstance(reply, ProfileReply)
     return ModelProfile(role=role, kernels=reply.kernels, rows=reply.kernel_rows)
 
 

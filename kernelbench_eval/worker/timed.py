@@ -1,6 +1,6 @@
 """The worker's timing op (both roles): timed calls on rotating inputs, one request a call (`measure` sends them).
 
-A call is answered either once its device work is done, or (`WorkerRequest.overlap`, CUDA) as soon as it is
+A call is answered either once its device work is done, or (`TimeRequest.overlap`, CUDA) as soon as it is
 launched and its outputs described: the reply, the harness's reading of it and the next request then pass
 while the device still computes, and the worker waits for the device after it has answered (`settle_answered`).
 That call's times go out with the next reply; a request of no calls ends the block, answered once the last
@@ -17,41 +17,40 @@ from typing import Any
 
 from kernelbench_eval.judge import cudagraph, flush, kbmethod, refill, timing
 from kernelbench_eval.judge.carve import ExchangePool
-from kernelbench_eval.messages import Slot, TensorMeta, WorkerReply, WorkerRequest
-from kernelbench_eval.worker.common import _meta, _torch, as_list
+from kernelbench_eval.messages import Slot, TensorMeta, TimeReply
+from kernelbench_eval.requests import TimeRequest
+from kernelbench_eval.worker.base import Ops, WorkerBase
+from kernelbench_eval.worker.common import _meta, _sync, _torch, as_list
 
 
-class TimingOps:
-    """Mixed into `worker.Worker`: the `time` op, its scope (no-grad, the exchange's pool) and its pending call."""
+class TimingWorker(WorkerBase):
+    """Both roles' `time` op: timed calls, their scope (no-grad, a candidate's exchange pool) and a pending call.
 
-    device: str
-    models: dict[str, Any]
-    sets: dict[str, list[Any]]
-    pool: ExchangePool | None
-    rotation: refill.Rotation | None
-    rotation_sets: tuple[str, ...]
-    placements: int
-    kept: list[list[Any]]
-    placed: list[list[Slot]]
-    held: list[list[Any]]
-    spans: list[tuple[int, int]]
-    overwrote: list[int]
-    replay: Any
-    graph_error: str | None
-    timing_scope: contextlib.ExitStack | None
-    timing_pool: ExchangePool | None
-    pending: timing.Launched | None  # an answered call whose device work may still run
-    timing_method: str = kbmethod.OWN  # how the calls of the measurement under way are timed (its warm-up's)
-    settled: timing.Block  # calls whose times no reply has carried yet
-    exchange_keeper: Callable[[list[list[Slot]], int], timing.Keeper]  # a candidate's (`worker/candidate.py`)
-    store_keeper: Callable[[int, int], timing.Keeper]  # the checker's (`worker/reference.py`)
+    Where a block's outputs go is the role's: copied into this worker's own storage (the checker's, and any worker
+    timed without a layout: the torch.compile baseline's), or (a candidate's) into the exchange (`CandidateWorker`
+    overrides the hooks at the end)."""
 
-    def op_time(self, req: WorkerRequest) -> WorkerReply:
+    def __init__(self) -> None:
+        super().__init__()
+        self.rotation: refill.Rotation | None = None  # the timed calls' inputs, refilled before each call
+        self.rotation_sets: tuple[str, ...] = ()  # the input sets it was made from
+        self.placements = refill.PLACEMENTS  # CUDA: live input buffers of the timed calls (the memory plan's)
+        self.kept: list[list[Any]] = []  # per call of the block: its outputs (or their descriptions), for the checks
+        self.store: list[list[Any]] = []  # per call of a block: storage its outputs are copied into (`store_keeper`)
+        self.replay: Any = None  # CUDA: the captured graph (`cudagraph`)
+        self.graph_error: str | None = None
+        self.timing_method = kbmethod.OWN  # how the calls of the measurement under way are timed (its warm-up's)
+        self.timing_scope: contextlib.ExitStack | None = None  # held from one timed request to the next
+        self.timing_pool: ExchangePool | None = None  # the pool the scope allocates from
+        self.pending: timing.Launched | None = None  # an answered call whose device work may still run
+        self.settled = timing.Block()  # calls whose times no reply has carried yet
+
+    def op_time(self, req: TimeRequest) -> TimeReply:
         """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
         every call's outputs are kept for the checks, the block's together. No calls and no warm-up: the end of
         an overlapped block, answered with its last call's times."""
         if not req.schedule and not req.warmup:
-            return self._with_times(WorkerReply(ok=True, overwrote=self.overwrote))
+            return self._with_times(TimeReply(ok=True, overwrote=self._overwrote()))
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
             self.leave_timing()  # the new buffers must not come from the exchange's pool
@@ -65,11 +64,11 @@ class TimingOps:
         if req.warmup:  # a measurement begins: its method (`kbmethod`) holds for its calls, sent without it
             self.timing_method = req.method
         kernelbench = kbmethod.is_kernelbench(self.timing_method)  # KernelBench's: its allocations, its warm-up
-        pooled = self.pool if req.layout and not req.graph and not kernelbench else None
+        pooled = self._pool(req) if not req.graph and not kernelbench else None
         if pooled is not None:
             flush.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
         if req.first == 0:
-            self.kept, self.placed, self.held, self.spans, self.overwrote = [], [], [], [], []
+            self._new_block()
         self._enter_timing(pooled)
         if req.warmup and kernelbench:
             self.settled.launch_ms += kbmethod.warm_up(model, self.rotation, req.warmup, self.timing_method,
@@ -79,8 +78,7 @@ class TimingOps:
                                                      self.device)
         if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
             self.replay, self.graph_error = cudagraph.capture_graph(model, self.rotation)
-        keeper = (self.exchange_keeper(req.layout, req.first) if req.layout
-                  else self.store_keeper(req.first, len(req.schedule)))
+        keeper = self._keeper(req)
         replay = self.replay if req.model == "main" else None
         placement = 0 if replay else req.placement
         if req.overlap and self.device == "cuda" and len(req.schedule) == 1:
@@ -98,11 +96,8 @@ class TimingOps:
         # reply, inside the harness's wall clock on the block, with nothing left to do after the last call
         # (the checker's reply says where its own copies lie, which nobody reads: the same bytes to write and
         # parse on the harness's clock as the candidate's, so the clock check compares like with like)
-        placed = self.placed[req.first:req.first + len(req.schedule)] if req.layout else [
-            [Slot.model_construct(offset=0, dtype=m.dtype, shape=m.shape or [], value=None) for m in call]
-            for call in metas]
-        return self._with_times(WorkerReply(ok=True, graph_error=self.graph_error, replaced=timing.replaced(),
-                                            metas=metas, placed=placed, overwrote=self.overwrote))
+        return self._with_times(TimeReply(ok=True, graph_error=self.graph_error, replaced=timing.replaced(),
+                                          metas=metas, placed=self._placed(req, metas), overwrote=self._overwrote()))
 
     def settle_answered(self) -> None:
         """Once an overlapped call's reply is written and the next request read: wait for the call's device work,
@@ -115,7 +110,7 @@ class TimingOps:
         self.kept += block.kept
         self.settled.extend(block)
 
-    def _with_times(self, reply: WorkerReply) -> WorkerReply:
+    def _with_times(self, reply: TimeReply) -> TimeReply:
         """`reply` with the times of every call settled since the last one."""
         done, self.settled = self.settled, timing.Block()
         reply.samples_ms, reply.device_ms, reply.gate_ms, reply.late = (done.event_ms, done.device_ms, done.gate_ms,
@@ -140,3 +135,70 @@ class TimingOps:
         if self.timing_scope is not None:
             scope, self.timing_scope, self.timing_pool = self.timing_scope, None, None
             scope.close()
+
+    # -- where a block's outputs go: this worker's storage (a candidate's, with a layout: the exchange) -------------
+
+    def _new_block(self) -> None:
+        self.kept = []
+
+    def _pool(self, req: TimeRequest) -> ExchangePool | None:
+        """The pool the block's calls allocate from: none of this worker's own."""
+        return None
+
+    def _keeper(self, req: TimeRequest) -> timing.Keeper:
+        return store_keeper(self.store, req.first, len(req.schedule), [], self.device)
+
+    def _placed(self, req: TimeRequest, metas: list[list[TensorMeta]]) -> list[list[Slot]]:
+        """Where each call's outputs lie, as its reply says: here in storage of its own (nobody reads it)."""
+        return [[Slot.model_construct(offset=0, dtype=m.dtype, shape=m.shape or [], value=None) for m in call]
+                for call in metas]
+
+    def _overwrote(self) -> list[int]:
+        """Calls of the block whose outputs a later call's lie over: none in storage of its own."""
+        return []
+
+
+SHARED_OPS: Ops = {"load": WorkerBase.op_load, "profile": WorkerBase.op_profile, "time": TimingWorker.op_time}
+
+
+def store_keeper(store: list[list[Any]], first: int, calls: int, template: list[TensorMeta], device: str
+                 ) -> timing.Keeper:
+    """While timed: each call's outputs copied into `store`, storage made before the block (from `template`, the
+    outputs' description where one is known), as the candidate copies into the exchange, with the same host work
+    after the call (describe, copy, wait): both keepers run inside the wall clock the clock check compares, so work
+    one side did alone would count against it. Keeping fresh outputs (or fresh clones) instead makes every call of
+    a block allocate new memory, which on a CPU means new pages: an A/A test then found the reference 1.5-1.9x
+    slower than its own copy. `first`: the block's call index of this request's first call."""
+    torch = _torch()
+    while len(store) < first + calls:
+        store.append([_empty(m, device) for m in template])
+
+    def keeper(call: int, out: Any) -> Callable[[], list[Any]]:
+        outs, slots = as_list(out), store[first + call]
+        [_meta(o) for o in outs]  # the candidate's keeper describes its outputs too: the same host work
+
+        def copy() -> list[Any]:
+            if len(slots) != len(outs):
+                slots[:] = [None] * len(outs)
+            for k, o in enumerate(outs):
+                if not isinstance(o, torch.Tensor):
+                    slots[k] = None
+                    continue
+                if slots[k] is None or slots[k].shape != o.shape or slots[k].dtype != o.dtype \
+                        or slots[k].device != o.device:
+                    slots[k] = torch.empty_like(o)
+                slots[k].copy_(o.detach())
+            _sync(device)  # as the candidate's keeper waits for its copies into the exchange
+            return list(slots)
+
+        return copy
+
+    return keeper
+
+
+def _empty(meta: TensorMeta, device: str) -> Any:
+    """Storage shaped as an output `meta` describes (None where it was no tensor)."""
+    torch = _torch()
+    if not meta.exact_tensor or meta.dtype is None:
+        return None
+    return torch.empty(meta.shape or [], dtype=getattr(torch, meta.dtype.removeprefix("torch.")), device=device)

@@ -1,4 +1,4 @@
-"""The build worker's warm-up call (`op_warmup`): one forward of ModelNew on problem-shaped inputs.
+"""The build worker's warm-up call (`CandidateWorker.op_warmup`): one forward of ModelNew on problem-shaped inputs.
 
 Here, with the rest of what runs inside a worker, because it runs candidate code; the harness's side of the warm-up
 (whether a source needs one, the inputs it is made for, the build's Triton cache) is `building.warmup`.
@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from kernelbench_eval.judge.precision import cast_inputs, cast_model
-from kernelbench_eval.messages import WorkerReply, WorkerRequest
+from kernelbench_eval.messages import ImportReply
+from kernelbench_eval.requests import WarmupRequest
 from kernelbench_eval.worker.common import _one_line
 
 
-def warm_up(candidate: Any, problem: Any, req: WorkerRequest) -> WorkerReply:
+def warm_up(candidate: Any, problem: Any, req: WarmupRequest) -> ImportReply:
     """One forward of `candidate.ModelNew` built from `problem`'s init inputs, on `problem.get_inputs()`."""
     import torch
 
@@ -26,7 +27,7 @@ def warm_up(candidate: Any, problem: Any, req: WorkerRequest) -> WorkerReply:
     try:
         model = candidate.ModelNew(*init)
     except Exception as exc:  # as when judged (`op_load`): the wrong constructor is a load error
-        return WorkerReply(ok=False, error_kind="load_error", error=f"ModelNew(*init): {_one_line(exc)}")
+        return ImportReply(ok=False, error_kind="load_error", error=f"ModelNew(*init): {_one_line(exc)}")
     model = cast_model(model.to(device) if hasattr(model, "to") else model, req.precision)
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x
               for x in cast_inputs(problem.get_inputs(), req.precision)]
@@ -34,4 +35,4 @@ def warm_up(candidate: Any, problem: Any, req: WorkerRequest) -> WorkerReply:
         model(*inputs)
     if device == "cuda":
         torch.cuda.synchronize()
-    return WorkerReply(ok=True, torch_version=torch.__version__)
+    return ImportReply(ok=True, torch_version=torch.__version__)
