@@ -78,15 +78,19 @@ def test_run_refuses_numbers_out_of_range_before_anything_runs(corpus, tmp_path,
 def test_the_other_commands_refuse_them_too(corpus, tmp_path):
     problems, candidates = corpus
     problem, candidate = str(problems / "tiny.py"), str(candidates / "tiny" / "py_ok.py")
-    refused(["eval", problem, candidate, "--timeout", "-1"], "--timeout")
-    refused(["eval", problem, candidate, "--reps", "20", "--max-reps", "5"], "--max-reps")
-    refused(["selftest", "--problems", str(problems), "--trials", "0"], "--trials")
-    refused(["selftest", "--problems", str(problems), "--target-rse", "-1"], "--target-rse")
-    refused(["profile", problem, candidate, "--warmup", "-1"], "--warmup")  # profile's own --warmup
-    refused(["profile", problem, candidate, "--threads", "0"], "--threads")
-    refused(["problems", "--problems", str(problems), "--timeout", "0"], "--timeout")
-    refused(["compare", str(tmp_path), str(tmp_path), "--threshold", "-0.1"], "--threshold")
-    refused(["gate", str(tmp_path), "--min-speedup", "-1"], "--min-speedup")
+    before = sorted(tmp_path.rglob("*"))
+    lines = [refused(["eval", problem, candidate, "--timeout", "-1"], "--timeout"),
+             refused(["eval", problem, candidate, "--reps", "20", "--max-reps", "5"], "--max-reps"),
+             refused(["selftest", "--problems", str(problems), "--trials", "0"], "--trials"),
+             refused(["selftest", "--problems", str(problems), "--target-rse", "-1"], "--target-rse"),
+             refused(["profile", problem, candidate, "--warmup", "-1"], "--warmup"),  # profile's own --warmup
+             refused(["profile", problem, candidate, "--threads", "0"], "--threads"),
+             refused(["problems", "--problems", str(problems), "--timeout", "0"], "--timeout"),
+             refused(["compare", str(tmp_path), str(tmp_path), "--threshold", "-0.1"], "--threshold"),
+             refused(["gate", str(tmp_path), "--min-speedup", "-1"], "--min-speedup")]
+    assert lines[1] == "error: --max-reps: must be at least --reps (5 < 20)"
+    assert lines[7].endswith("--threshold: must be at least 0 (got -0.1)")
+    assert sorted(tmp_path.rglob("*")) == before  # refused before anything was made: no results, no cache
 
 
 def test_boundary_values_are_accepted():
@@ -104,6 +108,8 @@ def test_out_naming_a_file_is_one_line_for_run_and_eval(corpus, tmp_path):
     one = ["eval", str(problems / "tiny.py"), str(candidates / "tiny" / "py_ok.py"), *FAST]
     refused([*one, "--out", str(a_file)], "--out", "is a file, not a folder")
     refused(["selftest", "--problems", str(problems), "--out", str(a_file / "x")], "--out", "is a file")
+    assert a_file.is_file() and a_file.read_text() == ""  # the user's file is left as it was
+    assert not (tmp_path / "cache").exists()  # nothing ran: no build cache was made
 
 
 def _deny_writes(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
@@ -170,6 +176,8 @@ def test_baselines_and_resume_paths(corpus, tmp_path, monkeypatch):
     old.mkdir()
     _deny_writes(monkeypatch, old)
     refused(["run", "--resume", str(old)], "--resume", f"{old} is not writable")
+    assert not (tmp_path / "r").exists() and list(old.iterdir()) == []  # nothing made, nothing written
+    assert (tmp_path / "f").read_text() == ""
 
 
 def test_report_output_folder(tmp_path):
@@ -178,13 +186,17 @@ def test_report_output_folder(tmp_path):
     RunRecorder(run_dir).append(Verdict(run_id="r", problem="p", candidate="c", source_sha256="s", settings_key="k",
                                         device="cpu", torch_version="x", status="ok", correct=True, runtime_ms=1.0))
     (tmp_path / "f").write_text("")
+    before = sorted(tmp_path.rglob("*"))
     refused(["report", str(run_dir), "--format", "csv", "--output", str(tmp_path / "f" / "x.csv")], "--output",
             "is a file")
     refused(["report", str(run_dir), "--format", "csv", "--output", str(tmp_path)], "--output",
             "is a folder, not a file")
+    assert list(tmp_path.glob("**/x.csv")) == [] and (tmp_path / "f").read_text() == ""  # nothing written
+    assert sorted(tmp_path.rglob("*")) == before
     (run_dir / "verdicts.jsonl").unlink()
     (run_dir / "verdicts.jsonl").mkdir()  # unreadable as a file: one line, not IsADirectoryError
-    refused(["report", str(run_dir)], str(run_dir))
+    line = refused(["report", str(run_dir)], str(run_dir))
+    assert "verdicts.jsonl" in line
 
 
 def test_profile_accepts_smoke_as_its_help_says(corpus, monkeypatch):
