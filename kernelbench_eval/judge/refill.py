@@ -43,6 +43,7 @@ class Domain:
     share: float = 0.0  # bools: the share of True
     finite: bool = True  # float: every value drawn was finite
     levels: torch.Tensor | None = None  # levels: the values drawn
+    step: float = 0.0  # levels: their spacing where it is even (drawn in place), else 0
 
 
 def learn(draws: list[object]) -> Domain:
@@ -58,7 +59,7 @@ def learn(draws: list[object]) -> Domain:
         if finite and all(_every(t, lambda c: c == c.round()) for t in tensors):
             levels = torch.unique(torch.cat([_head(t).unique() for t in tensors]))
             if len(levels) <= LEVELS and all(_every(t, lambda c, v=levels: torch.isin(c, v.to(c))) for t in tensors):
-                return Domain("levels", levels=levels.cpu())
+                return Domain("levels", levels=levels.cpu(), step=_even_step(levels.tolist()))
         return Domain("float", finite=finite)
     if all(torch.equal(t, first) for t in tensors[1:]) and (len(tensors) > 1 or first.numel() == 1):
         return Domain("constant")
@@ -76,6 +77,14 @@ def learn(draws: list[object]) -> Domain:
     if rows and all(bool((r[0].diff() >= 0).all()) and bool((r.diff(dim=-1) >= 0).all()) for r in rows):
         return Domain("sorted", lo, hi)
     return Domain("ints", lo, hi)
+
+
+def _even_step(levels: list[float]) -> float:
+    """The spacing of `levels` where every one is the first plus a multiple of it, else 0."""
+    if len(levels) < 2:
+        return 0.0
+    step = (levels[-1] - levels[0]) / (len(levels) - 1)
+    return step if all(v == levels[0] + j * step for j, v in enumerate(levels)) else 0.0
 
 
 CHUNK = 1 << 24  # elements a test looks at at once
@@ -138,12 +147,11 @@ class Rotation:
                 live.mul_(base)
             elif domain.kind == "levels":
                 assert domain.levels is not None
-                levels, low = domain.levels.tolist(), float(domain.levels[0])
-                step = (levels[-1] - low) / max(len(levels) - 1, 1)
-                if len(levels) > 1 and all(v == low + j * step for j, v in enumerate(levels)):  # in place
-                    live.random_(0, len(levels), generator=generator).mul_(step).add_(low)
+                if domain.step:  # in place
+                    live.random_(0, len(domain.levels), generator=generator).mul_(domain.step)
+                    live.add_(float(domain.levels[0]))
                 else:
-                    pick = torch.randint(len(levels), live.shape, generator=generator, device=live.device)
+                    pick = torch.randint(len(domain.levels), live.shape, generator=generator, device=live.device)
                     live.copy_(domain.levels.to(live.device, live.dtype)[pick])
             elif domain.kind in ("ints", "sorted"):
                 live.random_(domain.lo, domain.hi + 1, generator=generator)
