@@ -44,24 +44,67 @@ def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
-    assert l2 > 0 and l2_flush_buffer().numel() == max(2 * l2, cover)
+    assert l2 > 0 and l2_flush_buffer().numel() == max(2 * l2, cover) // 16 * 16
     assert l2_flush_buffer() is l2_flush_buffer()  # made once per process
 
 
-def test_a_calls_flush_counts_its_refill_toward_the_cover():
-    """71_Conv2d's input (128x8x128x128 floats, a 268 MB refill) leaves the flush only what the cover still
-    lacks; a small input's flush is nearly the whole buffer. Both written from the one buffer, once per rotation."""
-    from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
-    from kernelbench_eval.judge.flush import FLUSH_COVER_S, flush_for, l2_flush_buffer
-    from kernelbench_eval.judge.refill import Rotation
+def test_the_flush_is_one_kernel_that_holds_every_sm_and_writes_its_buffer():
+    """Issue 36, class 6: the flush's blocks take every warp of every SM (so no other stream's block is resident
+    until it ends), and one launch writes the whole buffer, `repeats` times."""
+    from kernelbench_eval.judge import flushkernel
 
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
-    large = Rotation([[torch.rand(128, 8, 128, 128, device="cuda")]])
-    small = Rotation([[torch.rand(1024, device="cuda")]])
-    assert flush_for(large).numel() == max(2 * l2, cover - large.traffic()) < l2_flush_buffer().numel()
-    assert flush_for(small).numel() == max(2 * l2, cover - small.traffic()) == l2_flush_buffer().numel() - 4096 * 4
-    assert flush_for(large).data_ptr() == l2_flush_buffer().data_ptr() and flush_for(large) is large.flush
+    k = flushkernel.kernel()
+    assert k is not None, flushkernel.why_not()
+    props = torch.cuda.get_device_properties(0)
+    assert flushkernel.holds_every_sm() and k.grid * flushkernel.BLOCK == (
+        props.multi_processor_count * props.max_threads_per_multi_processor)
+    buffer = torch.full((1 << 24,), 7, dtype=torch.uint8, device="cuda")
+    flushkernel.write(buffer[: (1 << 24) - 16], 3, torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert int(buffer[: (1 << 24) - 16].count_nonzero()) == 0 and int(buffer[-16:].min()) == 7  # all, and no more
+    big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    one, three = (_timed_flush(flushkernel, big, r) for r in (1, 3))
+    assert three > 2 * one, (one, three)  # the repeats are written, in the one launch
+
+
+@pytest.mark.parametrize("priority", [0, -100])
+def test_a_side_streams_matmul_waits_for_the_flush_to_end(priority):
+    """The attack's mechanism, bare: a 2048x2048 matmul queued on another stream (of any priority) while the
+    flush runs starts only once the flush has ended. Beside `zero_`'s short blocks it runs at once (the control:
+    done before the flush ends, H200 2026-11-28: 0.60-0.93 ms into a 1.55 ms flush)."""
+    from kernelbench_eval.judge import flushkernel
+
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    a, b = torch.randn(2048, 2048, device="cuda"), torch.randn(2048, 2048, device="cuda")
+    side = torch.cuda.Stream(priority=priority)
+
+    def side_done_and_flush_end(flush) -> tuple[float, float]:
+        begin, flushed, done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        for _ in range(3):  # the last of three, past any first-launch cost
+            torch.cuda.synchronize()
+            begin.record()
+            flush()
+            flushed.record()
+            with torch.cuda.stream(side):
+                torch.matmul(a, b)
+                done.record(side)
+            torch.cuda.synchronize()
+        return begin.elapsed_time(done), begin.elapsed_time(flushed)
+
+    done, flushed = side_done_and_flush_end(lambda: flushkernel.write(big, 4, torch.cuda.current_stream()))
+    assert flushed > 0.3 and done > flushed, (done, flushed)  # 4 GB written first, then the matmul
+    done, flushed = side_done_and_flush_end(lambda: [big.zero_() for _ in range(4)])
+    assert done < flushed, (done, flushed)  # the control: without the kernel it runs under the flush
+def _timed_flush(flushkernel, buffer: torch.Tensor, repeats: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        flushkernel.write(buffer, repeats, torch.cuda.current_stream())
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[2]
 
 
 def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_computes(monkeypatch):

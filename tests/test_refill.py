@@ -80,14 +80,6 @@ def test_a_call_is_reproducible_and_one_base_set_keeps_only_the_factors() -> Non
     assert float(ratio.min()) >= 0.8 * (1 - JITTER) - 1e-6 and float(ratio.max()) <= 0.8 * (1 + JITTER) + 1e-6
 
 
-def test_a_refills_traffic_counts_its_passes() -> None:
-    """Chosen float elements: five passes (four for base times factors); fresh integers: one; a copy: two."""
-    floats, ints, const = torch.rand(1000), torch.randint(0, 9, (10,)), torch.zeros(10, dtype=torch.int64)
-    bases = [[floats + i, ints + i, const, 3] for i in range(2)]
-    assert Rotation(bases).traffic() == 5 * 4000 + 1 * 80 + 2 * 80
-    assert Rotation(bases[:1]).traffic() == 4 * 4000 + 1 * 80 + 2 * 80
-
-
 def _load(path: Path, name: str) -> type:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader

@@ -111,3 +111,28 @@ def test_honest_kernels_are_not_flagged(gpu_attack_run):
         v = verdicts[pair]
         assert v["status"] == "ok" and v["error"] is None and v["correct"], (pair, v["status"], v["error"])
         assert v["max_abs_diff"] == 0.0  # relu is exact
+
+
+@pytest.fixture(scope="module")
+def early_run(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("early")
+    proc = kbeval("run", "--device", "cuda", "--problems", str(FIXTURES / "attack_problems_gpu"),
+                  "--candidates", str(FIXTURES / "attacks_gpu"), "--problem", "matmul_early", "--trials", "3",
+                  "--no-compile-baseline", "--timeout", "120", "--out", str(out), "--run-id", "early",
+                  cache=build_cache, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {v["candidate"]: v for v in lines([out / "early"])}
+
+
+def test_no_work_starts_under_the_flush(early_run):
+    """Issue 36, class 6: a matmul on a stream that does not wait for the caller's starts while the flush still
+    covers the launch, before the start event. It must be timed at what it costs (its honest twin's time, the
+    same kernel on the current stream, within the same run: without the defence it measured 0.3-0.5 of it) or
+    be `suspicious`; never `ok` faster than its twin."""
+    honest, early = early_run["honest_matmul"], early_run["early_side_stream"]
+    assert_timed_sanely(honest, "honest_matmul")
+    assert early["correct"], early["error"]
+    if early["status"] == "suspicious":
+        return
+    assert early["status"] == "ok", (early["status"], early["error"])
+    assert early["runtime_ms"] >= 0.8 * honest["runtime_ms"], (early["runtime_ms"], honest["runtime_ms"])

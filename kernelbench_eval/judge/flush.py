@@ -1,21 +1,19 @@
 """The cache flush written before every timed CUDA call, which is also the call's launch cover (`timing`).
 
-It evicts the last call's data (twice the L2 at least) and, with the refill ahead of it on the stream, keeps the
-GPU writing for FLUSH_COVER_S at peak bandwidth, so the host has launched the call's kernels before its start
-event fires. One buffer per process, made once; each rotation of inputs writes the part its refill leaves to cover.
+It evicts the last call's data (twice the L2 at least) and keeps the GPU writing for FLUSH_COVER_S at peak
+bandwidth, so the host has launched the call's kernels before its start event fires. The refill ahead of it
+does not count toward that cover: the host waits for the refill before it calls the model, so that nothing the
+call launches on a stream of its own runs beside anything but the flush, which holds every SM (`flushkernel`).
+One buffer per process, made once.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
-
-if TYPE_CHECKING:
-    from kernelbench_eval.judge.refill import Rotation
 
 _L2_FLUSH_FACTOR = 2  # write at least twice the L2 so nothing of the previous call stays cached
 FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches the call meanwhile
@@ -23,13 +21,11 @@ FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches
 _FLUSH: list[torch.Tensor] = []
 
 
-def flush_bytes(l2_bytes: int, bandwidth_gbs: float, ahead: int = 0) -> int:
-    """Bytes to write before a call: twice the L2 at least (eviction), and enough that, with `ahead` bytes of
-    the refill's traffic in front of it, the GPU stays busy for FLUSH_COVER_S at peak bandwidth (the cover).
-    Why count the refill: it runs on the same stream right before, so it covers the launch as well; 71_Conv2d's
-    268 MB refill made a 500 MB flush spend 0.08 ms of every timed call on cover it already had."""
+def flush_bytes(l2_bytes: int, bandwidth_gbs: float) -> int:
+    """Bytes to write before a call: twice the L2 at least (eviction), and enough that the GPU stays busy for
+    FLUSH_COVER_S at peak bandwidth (the cover), in whole 16-byte words (the kernel's stores)."""
     evict = max(l2_bytes, 1 << 20) * _L2_FLUSH_FACTOR
-    return max(evict, int(bandwidth_gbs * 1e9 * FLUSH_COVER_S) - ahead)
+    return max(evict, int(bandwidth_gbs * 1e9 * FLUSH_COVER_S)) // 16 * 16
 
 
 def l2_flush_buffer() -> torch.Tensor:
@@ -43,16 +39,6 @@ def l2_flush_buffer() -> torch.Tensor:
 
 def _l2_bytes() -> int:
     return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-
-
-def flush_for(rotation: Rotation) -> torch.Tensor:
-    """What is written before each of `rotation`'s calls (`flush_bytes` after its refill), found once per
-    rotation: the same inputs give the reference and a candidate the same flush, so their gates compare."""
-    flush = rotation.flush
-    if flush is None:
-        size = flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0, rotation.traffic())
-        flush = rotation.flush = l2_flush_buffer()[:size]
-    return flush
 
 
 MAX_REPEATS = 256  # a cover of more than this many flushes (several ms) is not worth its wall time

@@ -123,7 +123,6 @@ class Rotation:
                            for _ in range(max(placements, 1))]
         self.live = self.placements[0]  # what a captured CUDA graph replays on
         self.generators: dict[torch.device, torch.Generator] = {}
-        self.flush: torch.Tensor | None = None  # CUDA: the part of the flush buffer its calls write (`flush.flush_for`)
 
     def fill(self, k: int, scale: float, seed: int, placement: int = 0) -> list[object]:
         """Deterministic in (k, scale, seed) on a device type, so the reference can compute the same call."""
@@ -165,19 +164,6 @@ class Rotation:
             else:
                 live.copy_(base)
         return live_set
-
-    def traffic(self) -> int:
-        """Bytes one refill moves through device memory: a float buffer of chosen elements is written (the coins),
-        then read with both bases and written (five passes; four for base times factors); a fresh integer or bool
-        buffer is written; a drawn level, sorted or permuted one takes about four passes; a copy two."""
-        mixed = len(self.bases) > 1
-        total = 0
-        for x, domain in zip(self.placements[0], self.domains, strict=True):
-            if isinstance(x, torch.Tensor):
-                passes = {"float": 5 if mixed and domain.finite else 4, "ints": 1, "bools": 1}.get(domain.kind, 2)
-                passes = 4 if domain.kind in ("levels", "sorted", "permutation") else passes
-                total += passes * x.numel() * x.element_size()
-        return total
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self.generators:

@@ -13,16 +13,18 @@ L2 is flushed (persisting lines reset too), the whole device synchronised, and t
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
 
-The flush is also the call's cover: it is sized so that, with the refill ahead of it on the stream, the GPU
-stays busy for FLUSH_COVER_S (it writes twice the L2 at least), so the host has launched the call's kernels
-before the start event fires, and the events time the GPU's work, not how fast this process's core woke up.
+The flush is also the call's cover: it keeps the GPU busy for FLUSH_COVER_S (it writes twice the L2 at least),
+so the host has launched the call's kernels before the start event fires, and the events time the GPU's work,
+not how fast this process's core woke up. It is one kernel that holds every SM (`flushkernel`), and the host
+waits for the refill before it calls the model: work the call puts on a stream of its own, which does not wait
+for the start event, cannot run until the flush has all but ended (issue 36, class 6).
 A block's first call has more cover: the GPU switches from the other model's process to this one first
 (about 0.14 ms on an H100). Making that switch before the block instead, outside its wall clock, was tried:
 the walls fell by 0.3 ms, but the cover left fell short of the host's launch in the workers, and the times
 of 71_Conv2d's candidates rose 1-3 % (docs/benchmarks.md, "Where a timed call's wall goes").
 Without it a 19 us SiLU measured 36-67 us in the workers, differently in each process (docs/benchmarks.md,
-"Identical copies"). The flush's own time (`gate_ms`) is reported: work a candidate slipped onto another stream
-during it runs beside the flush and slows it.
+"Identical copies"). The flush's own time (`gate_ms`) is reported: where the flush cannot hold every SM (the
+driver would not load its kernel), work a candidate slipped onto another stream runs beside it and slows it.
 
 On a GPU a call is `launch`ed (refill, flush, events, the call's kernels queued) and then `settle`d (every stream
 waited for, the call timed, its outputs kept): `time_block` does both in turn; a worker answering a call as soon
@@ -40,7 +42,8 @@ from typing import Any
 import torch
 
 from kernelbench_eval.judge.cudart import reset_persisting_l2
-from kernelbench_eval.judge.flush import flush_for, repeats_for
+from kernelbench_eval.judge.flush import l2_flush_buffer, repeats_for
+from kernelbench_eval.judge.flushkernel import write as write_flush
 from kernelbench_eval.judge.refill import Rotation
 
 _perf_counter_ns = time.perf_counter_ns
@@ -185,15 +188,16 @@ def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, fl
     outran the device. A worker that answers before settling (`overlap`) passes True."""
     assert _EventBase is not None and _device_sync is not None
     before, start, end, _ = _events()
-    flush = flush_for(rotation)
+    flush = l2_flush_buffer()
     _device_sync()  # the whole device, so no work of the previous call leaks in
     inputs = rotation.fill(*call, placement)
     reset_persisting_l2()
     stream = _current_stream()
     _EventBase.record(before, stream)
-    for _ in range(repeats_for(flush, cover_s)):
-        flush.zero_()  # still running on the GPU while the host launches the call: launch cost hides behind it
+    # one kernel holding every SM, still running while the host launches the call (launch cost hides behind it)
+    write_flush(flush, repeats_for(flush, cover_s), stream)
     _EventBase.record(start, stream)
+    _EventBase.synchronize(before)  # the refill done, the flush under way: only now may the call launch anything
     started = _perf_counter_ns()
     out = replay() if replay else model(*inputs)
     launched_ms = (_perf_counter_ns() - started) / 1e6
