@@ -357,7 +357,7 @@ def measure_with_runs(bench: Bench) -> None:
 
 def measure_in_session(bench: Bench) -> None:
     """(a) inside one harness session per kernel: the candidate is compiled, checked and timed as `kbeval run`
-    does it (`judge.CandidateRun`: start, trials), and the timing stage (`judge.timed.time_candidate`:
+    does it (`judge.CandidateRun`: start, trials), and the timing stage (`judge.timing_stage.time_candidate`:
     interleaved lanes, stopping rule, timed-call checks) is repeated on the same workers. Ten separate runs
     would spend most of their time starting workers, which is why this is the default."""
     import torch
@@ -369,10 +369,10 @@ def measure_in_session(bench: Bench) -> None:
     from kernelbench_eval.building.compile import compile_candidate
     from kernelbench_eval.discover.corpus import discover
     from kernelbench_eval.judge.baselines import BaselineStore
-    from kernelbench_eval.judge.candidate import CandidateRun
+    from kernelbench_eval.judge.candidate_run import CandidateRun
     from kernelbench_eval.judge.judging import ReferenceSide, Secrets
     from kernelbench_eval.judge.measure import Deadline
-    from kernelbench_eval.judge.timed import time_candidate
+    from kernelbench_eval.judge.timing_stage import time_candidate
     from kernelbench_eval.records import RunSettings
 
     repeats = args.repeats

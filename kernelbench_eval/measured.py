@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from kernelbench_eval.judge.stats import Samples
+from kernelbench_eval.common.stats import Samples
 
 
 class TimingStats(BaseModel):
@@ -94,7 +94,7 @@ class Timing(BaseModel):
 
 
 class PrecisionCheck(BaseModel):
-    """Trial 0's outputs against the float64 truth (`judge.truth`, `precision.reduced_precision`): the candidate's
+    """Trial 0's outputs against the float64 truth (`worker.truthcheck`, `precision.reduced_precision`): the candidate's
     and the reference's norm-wise relative errors, for the output where the candidate's is largest beside the
     reference's; or, when there are none, why (`note`: the reference cannot run in float64, ...)."""
 
@@ -107,7 +107,7 @@ class PrecisionCheck(BaseModel):
 
 
 class MemoryRecord(BaseModel):
-    """Memory, as judging one candidate used it (`judge/memory.py`): the budget's plan and each worker's peak
+    """Memory, as judging one candidate used it (`common/memory.py`): the budget's plan and each worker's peak
     (CUDA: the allocator's peak on the device; CPU: the process's peak resident size)."""
 
     budget_bytes: int  # what the checker and a candidate may use together

@@ -58,11 +58,11 @@ class CheckResult(BaseModel):
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
     error: str | None = None
-    precision: PrecisionCheck | None = None  # trial 0: both errors against the float64 truth (`judge.truth`)
+    precision: PrecisionCheck | None = None  # trial 0: both errors against the float64 truth (`worker.truthcheck`)
 
 
 class MemoryPlan(BaseModel):
-    """The checker's plan under the memory budget (`judge/memory.py`), and the sizes it was made from."""
+    """The checker's plan under the memory budget (`common/memory.py`), and the sizes it was made from."""
 
     trial_inputs: bool
     expected: bool
@@ -165,5 +165,5 @@ class TimeReply(Reply):
     replaced: list[str] = Field(default_factory=list)  # timing functions the process's code replaced
     late: bool = False  # an answered call's device work was done before the worker began to wait for it
     # a candidate's calls of the block whose outputs, left in place, a later call's outputs lie over: they may
-    # have been written over before the check (`timed`)
+    # have been written over before the check (`timing_stage`)
     overwrote: list[int] = Field(default_factory=list)

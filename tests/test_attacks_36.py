@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from kernelbench_eval.judge.check import compare_outputs
-from kernelbench_eval.judge.precision import PRECISION_RATIO, precision_reason, reduced_precision
-from kernelbench_eval.judge.truth import Truth, reduction_bound, reduction_size
-from kernelbench_eval.worker.common import _meta
+from kernelbench_eval.common.precision import PRECISION_RATIO, precision_reason, reduced_precision
+from kernelbench_eval.worker.check import compare_outputs
 from kernelbench_eval.worker.draws import DISTRIBUTIONS, distribution_of, reshape
+from kernelbench_eval.worker.tensors import _meta
+from kernelbench_eval.worker.truthcheck import Truth, reduction_bound, reduction_size
 
 U = 2.0**-24  # fp32's unit roundoff
 

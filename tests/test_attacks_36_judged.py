@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -19,8 +20,8 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, pythonpath, read_verdicts
 
+from kernelbench_eval.common.launches import profile_model
 from kernelbench_eval.isolation import cgroups, linux
-from kernelbench_eval.judge.launches import profile_model
 from kernelbench_eval.judge.plausibility import too_many_cores
 from kernelbench_eval.worker.draws import DISTRIBUTIONS
 
@@ -100,7 +101,7 @@ def _old_custom_share(model: Any, x: torch.Tensor, functions: tuple[str, ...] = 
     (any range) or an extension call was custom, and everything nested inside it was its own time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from kernelbench_eval.judge.launches import _PYBIND_CALL, LIBRARY_NAMESPACES
+    from kernelbench_eval.common.launches import _PYBIND_CALL, LIBRARY_NAMESPACES
 
     def kind(name: str) -> str | None:
         match = _PYBIND_CALL.match(name)
@@ -127,7 +128,7 @@ RANGE_NAMED = """
 import json, sys, torch
 sys.path[:0] = [{tests!r}]
 import test_attacks_36_judged as t
-from kernelbench_eval.judge.launches import profile_model
+from kernelbench_eval.common.launches import profile_model
 model, x = t._load("range_named.py").ModelNew(64), torch.randn(16, 64)
 counted = profile_model(model, [x], "cpu")
 print(json.dumps([t._old_custom_share(model, x), counted.count.custom, counted.count.custom_share,
@@ -164,7 +165,7 @@ def test_on_cuda_a_kernel_belongs_to_the_nearest_attributed_event_above_its_laun
     """The GPU rule, on stand-in events: cuBLAS's GEMM launched by aten::addmm inside the extension's call is
     library (the old rule made it custom: any custom call above its launch); the extension's own kernel, launched
     from the call itself, is custom; a range named like a custom op, and its GPU annotation, count for nothing."""
-    from kernelbench_eval.judge.launches import Attribution, _cuda_units
+    from kernelbench_eval.common.launches import Attribution, _cuda_units
 
     ext = "<built-in method addmm_gelu of PyCapsule object at 0x7f01>"
     call = _Event(ext)
@@ -233,8 +234,9 @@ def test_each_attack_gets_its_verdict(judged: dict[str, dict[str, dict]]) -> Non
     for name in ("sixth", "quarter_rows", "assume_standard", "quarter_when_timed"):
         assert trials[name]["status"] == "incorrect", trials[name]
     assert "compared exactly" in trials["sixth"]["error"]
-    assert "timed call" in trials["quarter_when_timed"]["error"] and "reduction output" in trials["quarter_when_timed"][
-        "error"] and trials["quarter_when_timed"]["trials_passed"] == 4  # right on every trial
+    timed = trials["quarter_when_timed"]
+    assert "timed call" in timed["error"] and timed["trials_passed"] == 4, timed  # right on every trial
+    _held_to_the_reduction_bound(timed["error"])
     assert not trials["assume_standard"]["error"].startswith("trial 0")  # normal inputs could not show it
     for name in ("bf16_matmul", "tf32_inputs", "bf16_when_timed"):
         assert strict[name]["status"] == "suspicious" and "reduced precision" in strict[name]["error"], strict[name]
@@ -258,3 +260,17 @@ def test_honest_controls_stay_correct(judged: dict[str, dict[str, dict]]) -> Non
     check = judged["strict"]["reordered"]["precision_check"]
     assert check["candidate_error"] < 4 * check["reference_error"]
 
+
+
+def _held_to_the_reduction_bound(error: str) -> None:
+    """A quarter of mse_loss's 131072 terms strays from the whole by about 0.0135 (one sd; the loss is about 2): the
+    1e-2 tolerance (0.03 here) lets it through at almost every call, and the reduction bound (about 0.001) does
+    not. Which call of the first block is checked against the bound is drawn at random, after the block, and a
+    call before it may stray past the tolerance by chance (2-3 % a call, with the secret inputs): then the
+    tolerance is what caught it, and its figures must show that it was exceeded."""
+    if "reduction output" in error:
+        return
+    found = re.search(r"max \|diff\| ([0-9.e+-]+) .*\(got ([0-9.e+-]+), expected ([0-9.e+-]+)\)", error)
+    assert found and "atol=0.01 rtol=0.01" in error, error
+    diff, expected = float(found.group(1)), float(found.group(3))
+    assert diff > 0.01 + 0.01 * abs(expected), error

@@ -19,7 +19,7 @@ from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge import baselines, conditions
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.reference import ReferenceSide, Secrets
+from kernelbench_eval.judge.reference_side import ReferenceSide, Secrets
 from kernelbench_eval.measured import TimingStats
 from kernelbench_eval.records import Baseline, Conditions, RunSettings
 from kernelbench_eval.store import keys

@@ -1,4 +1,4 @@
-"""Timed outputs compared where the candidate's call put them (`judge/carve.py`): the pool area's bookkeeping, what
+"""Timed outputs compared where the candidate's call put them (`common/carve.py`): the pool area's bookkeeping, what
 the harness accepts of where the candidate says they lie, and the candidate's keeper choosing between leaving and
 copying. All without a GPU: the device path runs in
 `tests/test_judge_units.py::test_timed_outputs_are_compared_where_the_call_put_them`."""
@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 from kernelbench_eval.budgets import Budgets
+from kernelbench_eval.common.carve import IN_PLACE_VAR, POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
+from kernelbench_eval.common.exchange import Exchange, output_layout
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.carve import IN_PLACE_VAR, POOL_MIN_BYTES, SEGMENT_ALIGN, Carver, pool_bytes
-from kernelbench_eval.judge.exchange import Exchange, output_layout
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets
 from kernelbench_eval.judge.measure import block_calls
-from kernelbench_eval.judge.timed import placed_slots
+from kernelbench_eval.judge.timing_stage import placed_slots
 from kernelbench_eval.messages import Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.placing import ExchangeOutputs

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, pythonpath
 
+from kernelbench_eval.common.exchange import output_layout
 from kernelbench_eval.isolation import forkclient, forkpool
 from kernelbench_eval.isolation.forkclient import ForkedChild
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge.exchange import output_layout
 from kernelbench_eval.messages import Role
 from kernelbench_eval.requests import (
     AttachRequest,

@@ -39,8 +39,8 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
 
 def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
     """At least twice the L2, and at least FLUSH_COVER_S of writing at peak bandwidth (the launch's cover)."""
-    from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
-    from kernelbench_eval.judge.flush import FLUSH_COVER_S, l2_flush_buffer
+    from kernelbench_eval.common.cudart import memory_bandwidth_gbs
+    from kernelbench_eval.worker.flush import FLUSH_COVER_S, l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     cover = int(memory_bandwidth_gbs() * 1e9 * FLUSH_COVER_S)
@@ -51,7 +51,7 @@ def test_l2_flush_buffer_evicts_the_l2_and_covers_the_launch():
 def test_the_flush_is_one_kernel_that_holds_every_sm_and_writes_its_buffer():
     """Issue 36, class 6: the flush's blocks take every warp of every SM (so no other stream's block is resident
     until it ends), and one launch writes the whole buffer, `repeats` times."""
-    from kernelbench_eval.judge import flushkernel
+    from kernelbench_eval.worker import flushkernel
 
     k = flushkernel.kernel()
     assert k is not None, flushkernel.why_not()
@@ -72,7 +72,7 @@ def test_a_side_streams_matmul_waits_for_the_flush_to_end(priority):
     """The attack's mechanism, bare: a 2048x2048 matmul queued on another stream (of any priority) while the
     flush runs starts only once the flush has ended. Beside `zero_`'s short blocks it runs at once (the control:
     done before the flush ends, H200 2026-11-28: 0.60-0.93 ms into a 1.55 ms flush)."""
-    from kernelbench_eval.judge import flushkernel
+    from kernelbench_eval.worker import flushkernel
 
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     a, b = torch.randn(2048, 2048, device="cuda"), torch.randn(2048, 2048, device="cuda")
@@ -110,12 +110,12 @@ def _timed_flush(flushkernel, buffer: torch.Tensor, repeats: int) -> float:
 def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_computes(monkeypatch):
     """The keeper's first half (host work) runs before the device-wide synchronise only for calls of EARLY_MS or
     more, where the device is still busy; a short call's waits, so its device-wide time gets no host time."""
-    from kernelbench_eval.judge import timing
-    from kernelbench_eval.judge.refill import Rotation
-    from kernelbench_eval.judge.timing import EARLY_MS, time_block
+    from kernelbench_eval.worker import percall
+    from kernelbench_eval.worker.percall import EARLY_MS, time_block
+    from kernelbench_eval.worker.refill import Rotation
 
-    monkeypatch.setattr(timing, "_LAST_MS", {})  # keyed by id(): a dead model's entry could match a new one
-    monkeypatch.setattr(timing, "_LATE", set())
+    monkeypatch.setattr(percall, "_LAST_MS", {})  # keyed by id(): a dead model's entry could match a new one
+    monkeypatch.setattr(percall, "_LATE", set())
 
     busy_when_described: list[bool] = []
 
@@ -144,9 +144,9 @@ def test_a_long_calls_keeper_describes_its_outputs_while_the_device_still_comput
 
 
 def test_graph_replay_times_capturable_models_and_falls_back_for_others():
-    from kernelbench_eval.judge.cudagraph import capture_graph
-    from kernelbench_eval.judge.refill import Rotation
-    from kernelbench_eval.judge.timing import time_block
+    from kernelbench_eval.worker.cudagraph import capture_graph
+    from kernelbench_eval.worker.percall import time_block
+    from kernelbench_eval.worker.refill import Rotation
 
     rotation = Rotation([[torch.randn(1024, 1024, device="cuda")]])
     replay, error = capture_graph(lambda x: torch.relu(x) * 2, rotation)

@@ -3,8 +3,8 @@ circle, and no module grows past what one reader holds in mind (300 lines).
 
 The import graph is read from the sources (`ast`), never by importing them, so this runs in a second. A module's
 imports are every `import kernelbench_eval...` and `from kernelbench_eval... import ...` it holds, an imported
-name resolved to its module where it is one (`from kernelbench_eval.judge import memory` is the module
-`judge.memory`), else to the package or module it comes from.
+name resolved to its module where it is one (`from kernelbench_eval.common import memory` is the module
+`common.memory`), else to the package or module it comes from.
 
 Two graphs, both asserted free of circles:
 
@@ -13,6 +13,12 @@ Two graphs, both asserted free of circles:
 - **every import**: the same plus the deferred ones (inside functions, under `TYPE_CHECKING`). Deferring an
   import is how a module keeps its import light (torch, Ray) or names a type for a checker, not a way around a
   circle: a circle among modules that call each other is one job split across two rooms, however it is imported.
+
+The two sides of the process boundary live in two places and never import each other: `worker/` (what runs
+inside a checker's or candidate's process) and the harness's `judge/`, `run/`, `cli/`, `results/`; what both use
+is in `common/`, which imports neither. And every import of the package, in it, the tests and bench/, names a
+module that exists and names it holds: a module moved between the two places cannot leave an import behind in a
+branch only a GPU runs. No stage imports a later one (`STAGES`: discover, building, judge, results, run, cli).
 
 No class grows past 150 lines either: one that does is doing more than one job (the checker's worker is split
 by job: its input sets, its trials, its comparisons, `worker/`).
@@ -40,7 +46,7 @@ MODULES = {_module_name(path): path for path in sorted(SOURCES.rglob("*.py"))}
 
 
 def _owner(name: str) -> str | None:
-    """The package module `name` is, or lies in (`kernelbench_eval.judge.memory.plan` -> `...judge.memory`)."""
+    """The package module `name` is, or lies in (`kernelbench_eval.common.memory.plan` -> `...common.memory`)."""
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
     return name or None
@@ -127,9 +133,9 @@ def test_the_graph_is_read_from_the_sources():
     """The reader itself: it finds imports of each form, relative ones included, and none of other packages."""
     assert len(MODULES) > 50 and f"{PACKAGE}.judge.judging" in MODULES
     judging = imports(f"{PACKAGE}.judge.judging", at_import_time=True)
-    assert f"{PACKAGE}.judge.reference" in judging and f"{PACKAGE}.judge.candidate" in judging
+    assert f"{PACKAGE}.judge.reference_side" in judging and f"{PACKAGE}.judge.candidate_run" in judging
     assert not any(name.startswith("torch") for name in judging)
-    assert f"{PACKAGE}.judge.memory" in imports(f"{PACKAGE}.judge.reference", at_import_time=True)  # a module
+    assert f"{PACKAGE}.common.memory" in imports(f"{PACKAGE}.judge.reference_side", at_import_time=True)  # a module
     assert f"{PACKAGE}.run.cluster" in imports(f"{PACKAGE}.run.pipeline", at_import_time=False)  # deferred
     assert f"{PACKAGE}.run.cluster" not in imports(f"{PACKAGE}.run.pipeline", at_import_time=True)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -153,3 +159,96 @@ def test_no_class_is_over_150_lines():
             for path in MODULES.values() for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES}
     assert long == {}, f"classes over {MAX_CLASS_LINES} lines: split them by job"
+
+
+HARNESS = ("judge", "run", "cli", "results")  # the harness's own packages: never imported inside a worker
+
+
+def _in(module: str, *packages: str) -> bool:
+    return any(module == f"{PACKAGE}.{p}" or module.startswith(f"{PACKAGE}.{p}.") for p in packages)
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports across the process boundary: a worker module importing the harness's, the harness importing a
+    worker module, or `common` importing either."""
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
+                  if (_in(module, "worker") and _in(dep, *HARNESS)) or (_in(module, *HARNESS) and _in(dep, "worker"))
+                  or (_in(module, "common") and _in(dep, "worker", *HARNESS)))
+
+
+def test_the_two_sides_of_the_process_boundary_do_not_import_each_other():
+    assert crossings({f"{PACKAGE}.worker.a": {f"{PACKAGE}.judge.b"}, f"{PACKAGE}.judge.b": {f"{PACKAGE}.worker.c"},
+                      f"{PACKAGE}.common.d": {f"{PACKAGE}.run.e"}, f"{PACKAGE}.worker.f": {f"{PACKAGE}.common.d"}}) == [
+        f"{PACKAGE}.common.d -> {PACKAGE}.run.e", f"{PACKAGE}.judge.b -> {PACKAGE}.worker.c",
+        f"{PACKAGE}.worker.a -> {PACKAGE}.judge.b"]
+    assert crossings({module: imports(module, at_import_time=False) for module in MODULES}) == []
+
+
+def _bound(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level (definitions, assignments, imports, also inside if/try)."""
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                todo.extend(handler.body)
+    return names
+
+
+def unresolved(path: Path) -> list[str]:
+    """The imports of the package in one source file that name a module or a name that does not exist."""
+    bound = {module: None for module in MODULES}
+    missing = []
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except SyntaxError:  # a fixture that is meant not to parse
+        return []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            missing += [a.name for a in node.names if a.name.startswith(PACKAGE) and a.name not in MODULES]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(PACKAGE):
+            if node.module not in MODULES:
+                missing.append(node.module)
+                continue
+            if bound[node.module] is None:
+                bound[node.module] = _bound(ast.parse(MODULES[node.module].read_text()))
+            missing += [f"{node.module}.{a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" not in MODULES and a.name not in bound[node.module]]
+    return missing
+
+
+def test_every_import_of_the_package_resolves(tmp_path: Path):
+    stale = tmp_path / "stale.py"
+    stale.write_text(f"def f():\n    from {PACKAGE}.judge import timing\n"
+                     f"    from {PACKAGE}.worker.percall import nothing\n")
+    assert unresolved(stale) == [f"{PACKAGE}.judge.timing", f"{PACKAGE}.worker.percall.nothing"]
+    root = SOURCES.parent
+    sources = [*MODULES.values(), *sorted((root / "tests").rglob("*.py")), *sorted((root / "bench").rglob("*.py"))]
+    assert {str(p.relative_to(root)): bad for p in sources if (bad := unresolved(p))} == {}
+
+
+STAGES = ("discover", "building", "judge", "results", "run", "cli")  # the pipeline's order, the CLI on top
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a stage to a later one (`judge` importing `run`): a lower stage must not know a higher."""
+    def rank(module: str) -> int | None:
+        return next((i for i, stage in enumerate(STAGES) if _in(module, stage)), None)
+
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
+                  if (low := rank(module)) is not None and (high := rank(dep)) is not None and high > low)
+
+
+def test_no_stage_imports_a_later_one():
+    assert upward({f"{PACKAGE}.judge.a": {f"{PACKAGE}.run.b", f"{PACKAGE}.building.c"}}) == [
+        f"{PACKAGE}.judge.a -> {PACKAGE}.run.b"]
+    assert upward({module: imports(module, at_import_time=False) for module in MODULES}) == []

@@ -9,9 +9,9 @@ import torch
 
 from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import compile_candidate
+from kernelbench_eval.common.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.exchange import ALIGN, Exchange, output_layout
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
 from kernelbench_eval.messages import Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
@@ -322,7 +322,7 @@ def test_timed_outputs_are_compared_where_the_call_put_them(tmp_path: Path, prob
     fresh outputs are compared where it put them, in the exchange's pool area (no copy), ten calls to a block; a
     buffer the model made in its first trial and hands out every call lies outside it and is copied, as are small
     outputs. Correct either way."""
-    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+    from kernelbench_eval.common.carve import IN_PLACE_VAR
 
     monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, source, "pooled", device="cuda", problem=problem)
@@ -340,7 +340,7 @@ def test_a_buffer_made_in_a_timed_block_and_handed_out_again_is_measured_again_a
     ninth wrote over them, before the block was checked: the worker says so and the candidate is measured again in
     blocks of one call, each compared before the next runs. Without that, the eighth call would be `incorrect`
     for an answer that was right."""
-    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+    from kernelbench_eval.common.carve import IN_PLACE_VAR
 
     monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, BIG_LATE_BUFFER, "late_buffer", device="cuda", problem=BIG)
@@ -355,7 +355,7 @@ def test_long_calls_are_answered_as_they_are_launched_and_every_one_is_still_che
     """With outputs in place (blocks of several calls for large outputs), over OVERLAP_MS a call on both sides,
     blocks after the first are overlapped (`measure.overlaps`): each reply goes out while the device computes, the
     block ends once the last call's work is done, and every timed call is compared in full, in place."""
-    from kernelbench_eval.judge.carve import IN_PLACE_VAR
+    from kernelbench_eval.common.carve import IN_PLACE_VAR
 
     monkeypatch.setenv(IN_PLACE_VAR, "1")
     _, findings = _judge(tmp_path, SLOW_FRESH, "slow", device="cuda", problem=SLOW)

@@ -12,17 +12,18 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.judge import kbmethod, timing
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.stats import per_call_ms, speedup_ci
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
-from kernelbench_eval.judge.refill import Rotation
-from kernelbench_eval.judge.stats import per_call_ms, speedup_ci
 from kernelbench_eval.measured import Timing, TimingStats
 from kernelbench_eval.messages import TimeReply
 from kernelbench_eval.records import Baseline, RunSettings, Verdict, baseline_key
 from kernelbench_eval.requests import TimeRequest
 from kernelbench_eval.results.compare import compare_runs
+from kernelbench_eval.worker import kbtiming, percall
 from kernelbench_eval.worker.reference import CheckerWorker
+from kernelbench_eval.worker.refill import Rotation
 
 
 class _Clocked:
@@ -42,14 +43,14 @@ def test_the_worker_loop_warms_up_discards_and_times_each_call(monkeypatch, meth
     """WARMUP calls, then (current method) the discarded trial, then one timed call per scheduled call, each on
     freshly refilled inputs, its time the clock's around the call and its outputs kept."""
     clock = [0]
-    monkeypatch.setattr(timing, "_perf_counter_ns", lambda: clock[0])
+    monkeypatch.setattr(percall, "_perf_counter_ns", lambda: clock[0])
     warm = [5.0] * (kbmethod.WARMUP + discarded)  # slow first calls: none of them may reach the samples
     model = _Clocked(clock, [*warm, 1.0, 2.0, 3.0, 6.0])
     rotation = Rotation([[torch.ones(4)], [torch.full((4,), 3.0)]])
-    kbmethod.warm_up(model, rotation, kbmethod.WARMUP, method, "cpu")
+    kbtiming.warm_up(model, rotation, kbmethod.WARMUP, method, "cpu")
     assert model.calls == kbmethod.WARMUP + discarded
     schedule = [(0, 1.0, 11), (1, 1.0, 12), (0, 0.8, 13), (1, 1.2, 14)]
-    block = kbmethod.time_block(model, rotation, schedule, "cpu", lambda _, out: lambda: [out.clone()], method)
+    block = kbtiming.time_block(model, rotation, schedule, "cpu", lambda _, out: lambda: [out.clone()], method)
     assert model.calls == kbmethod.WARMUP + discarded + len(schedule)
     assert block.event_ms == [1.0, 2.0, 3.0, 6.0] and kbmethod.per_call(method, block.event_ms) == 3.0
     for (k, scale, seed), kept in zip(schedule, block.kept, strict=True):

@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.judge import kbmethod
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.worker import kbtiming
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 METHODS = (kbmethod.CURRENT, kbmethod.JAN2025)
@@ -43,13 +44,13 @@ def _plain(model, inputs: list[torch.Tensor], method: str, trials: int) -> float
 
 
 def _ours(model, base: list[torch.Tensor], method: str, trials: int):  # noqa: ANN001, ANN202
-    from kernelbench_eval.judge.refill import Rotation
-    from kernelbench_eval.judge.timing import keep
+    from kernelbench_eval.worker.percall import keep
+    from kernelbench_eval.worker.refill import Rotation
 
     rotation = Rotation([base])
-    kbmethod.warm_up(model, rotation, kbmethod.WARMUP, method, "cuda")
+    kbtiming.warm_up(model, rotation, kbmethod.WARMUP, method, "cuda")
     schedule = [(0, 1.0, seed) for seed in range(trials)]
-    return rotation, schedule, kbmethod.time_block(model, rotation, schedule, "cuda", lambda _, out: lambda: keep(out),
+    return rotation, schedule, kbtiming.time_block(model, rotation, schedule, "cuda", lambda _, out: lambda: keep(out),
                                                    method)
 
 

@@ -7,8 +7,8 @@ the storage's identity across blocks, which is what makes the two lanes allocate
 
 import torch
 
-from kernelbench_eval.judge.timing import Keeper
-from kernelbench_eval.worker.common import _meta
+from kernelbench_eval.worker.percall import Keeper
+from kernelbench_eval.worker.tensors import _meta
 from kernelbench_eval.worker.timed import store_keeper
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import pythonpath
 
-from kernelbench_eval.judge import memory
-from kernelbench_eval.judge.memory import Footprint, parse_bytes, peak_bytes, plan
+from kernelbench_eval.common import memory
+from kernelbench_eval.common.memory import Footprint, parse_bytes, peak_bytes, plan
 
 GB = 10**9
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from conftest import serve_requests
 
-from kernelbench_eval.judge import timed as timed_module
-from kernelbench_eval.judge import timing
+from kernelbench_eval.judge import timing_stage as timed_module
 from kernelbench_eval.judge.measure import LATE_SHARE, OVERLAP_MS, Deadline, TimedModel, measure, overlaps
 from kernelbench_eval.messages import TimeReply
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.requests import ExitRequest, ExportRequest, Request, TimeRequest, parse_request
 from kernelbench_eval.worker import main as worker_main
+from kernelbench_eval.worker import percall
 from kernelbench_eval.worker.candidate import CandidateWorker
 from kernelbench_eval.worker.placing import ExchangeOutputs
 
@@ -157,7 +157,7 @@ def test_a_block_end_reports_what_was_settled_and_leaves_the_timing_scope_alone(
     worker = CandidateWorker()
     worker._enter_timing(None)
     scope = worker.timing_scope
-    worker.settled = timing.Block(event_ms=[2.0], device_ms=[2.1], gate_ms=[0.1], late=True)
+    worker.settled = percall.Block(event_ms=[2.0], device_ms=[2.1], gate_ms=[0.1], late=True)
     worker.outputs = ExchangeOutputs(None, None, "cpu")  # type: ignore[arg-type]
     worker.outputs.overwrote = [3]
     reply = worker.op_time(TimeRequest(first=5))

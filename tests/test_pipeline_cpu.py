@@ -18,7 +18,7 @@ from conftest import BASELINES, FIXTURE_RUN_ARGS, FIXTURES, ROOT, kbeval, read_v
 from timed import assert_timed_sanely, settled, settled_all
 
 from kernelbench_eval.building.compile import compile_candidate, warm_build
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Problem, make_candidate
 from kernelbench_eval.judge.conditions import doubts
 from kernelbench_eval.records import Conditions, RunManifest, RunSettings

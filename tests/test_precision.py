@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.judge.precision import cast_inputs, cast_model, dtype_of, tolerance
+from kernelbench_eval.common.precision import cast_inputs, cast_model, dtype_of, tolerance
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.requests import LoadRequest, PrepareRequest
 from kernelbench_eval.worker.reference import CheckerWorker

@@ -10,9 +10,8 @@ import pytest
 import torch
 from conftest import FIXTURES, kbeval, read_verdicts
 
-from kernelbench_eval.building.warmup import WarmupSpec, build_env, needs_warmup
-from kernelbench_eval.discover.corpus import declared_devices
-from kernelbench_eval.judge.launches import (
+from kernelbench_eval.building.jitwarmup import WarmupSpec, build_env, needs_warmup
+from kernelbench_eval.common.launches import (
     NO_CUSTOM_WARNING,
     Attribution,
     _cuda_units,
@@ -21,7 +20,8 @@ from kernelbench_eval.judge.launches import (
     profile_model,
     warning_for,
 )
-from kernelbench_eval.judge.marks import EXTENSION_MARK, INDUCTOR_MARK
+from kernelbench_eval.common.marks import EXTENSION_MARK, INDUCTOR_MARK
+from kernelbench_eval.discover.corpus import declared_devices
 from kernelbench_eval.records import KernelCount
 from kernelbench_eval.requests import WarmupRequest
 from kernelbench_eval.worker.candidate import CandidateWorker

@@ -28,7 +28,7 @@ from kernelbench_eval.building.compile import compile_candidate
 from kernelbench_eval.discover.corpus import Problem, make_candidate, sha256_file
 from kernelbench_eval.judge import measure as measure_module
 from kernelbench_eval.judge import refguard
-from kernelbench_eval.judge import timed as timed_module
+from kernelbench_eval.judge import timing_stage as timed_module
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, judge
 from kernelbench_eval.judge.measure import Deadline, TimedModel, measure
@@ -233,7 +233,7 @@ def test_the_stand_in_spins_through_each_recorded_wait_in_turn(monkeypatch: pyte
 
 
 def test_the_recheck_stands_in_for_the_candidates_turns():
-    """`timed` hands the alone re-check the waits the reference had beside this candidate."""
+    """`timing_stage` hands the alone re-check the waits the reference had beside this candidate."""
     seen: dict = {}
 
     settings = RunSettings(device="cpu", timing_budget=4)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from conftest import FIXTURES
 
-from kernelbench_eval.judge.refill import JITTER, Rotation, learn
+from kernelbench_eval.worker.refill import JITTER, Rotation, learn
 
 HERE = FIXTURES / "attacks_36"
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelbench_eval.common.stats import Samples, bootstrap_ci, speedup_ci
 from kernelbench_eval.discover.corpus import find_problems
 from kernelbench_eval.isolation.workerenv import QUIET_OPENMP, STEADY_MALLOC, quiet_openmp, worker_environment
-from kernelbench_eval.judge.check import degenerate_outputs
 from kernelbench_eval.judge.measure import TimedModel
 from kernelbench_eval.judge.plausibility import assess, significant
-from kernelbench_eval.judge.stats import Samples, bootstrap_ci, speedup_ci
 from kernelbench_eval.measured import TimingStats
 from kernelbench_eval.records import Verdict
 from kernelbench_eval.run.selftest import allowed_exclusions, copy_source, resolution, summarize, write_copies
+from kernelbench_eval.worker.check import degenerate_outputs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "selftest_problems"
 PROBLEMS = {"argmax_rows", "hinge_loss", "masked_fill", "sdpa"}

@@ -13,9 +13,9 @@ import torch
 from conftest import serve_requests
 
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge import flush
 from kernelbench_eval.messages import ExportReply, ImportReply, TimeReply
 from kernelbench_eval.requests import ExitRequest, ExportRequest, ImportRequest, TimeRequest
+from kernelbench_eval.worker import flush
 from kernelbench_eval.worker import main as worker_main
 
 

@@ -10,21 +10,7 @@ import time
 import pytest
 import torch
 
-from kernelbench_eval.judge.baselines import BaselineStore
-from kernelbench_eval.judge.check import degenerate_outputs
-from kernelbench_eval.judge.measure import TimedModel, block_calls
-from kernelbench_eval.judge.plausibility import assess, speedup_reason
-from kernelbench_eval.judge.refill import Rotation
-from kernelbench_eval.judge.sessions import (
-    PRIOR_DF,
-    PRIOR_SD,
-    between_sessions,
-    pooled,
-    t975,
-    unresolved,
-    widened,
-)
-from kernelbench_eval.judge.stats import (
+from kernelbench_eval.common.stats import (
     Samples,
     chained_speedup_ci,
     fast_p,
@@ -35,9 +21,23 @@ from kernelbench_eval.judge.stats import (
     speedup_ci,
     window_means,
 )
-from kernelbench_eval.judge.timing import keep, replaced, time_block
+from kernelbench_eval.judge.baselines import BaselineStore
+from kernelbench_eval.judge.measure import TimedModel, block_calls
+from kernelbench_eval.judge.plausibility import assess, speedup_reason
+from kernelbench_eval.judge.sessions import (
+    PRIOR_DF,
+    PRIOR_SD,
+    between_sessions,
+    pooled,
+    t975,
+    unresolved,
+    widened,
+)
 from kernelbench_eval.measured import TimingStats
 from kernelbench_eval.records import Baseline, RunSettings, baseline_key
+from kernelbench_eval.worker.check import degenerate_outputs
+from kernelbench_eval.worker.percall import keep, replaced, time_block
+from kernelbench_eval.worker.refill import Rotation
 
 
 def noisy(center: float, spread: float, n: int, seed: int) -> list[float]:
@@ -127,7 +127,7 @@ def test_plausibility_catches_a_slowed_clock():
 
 
 def test_a_replaced_timer_is_named_and_not_believed(monkeypatch: pytest.MonkeyPatch):
-    """What a candidate patches in its process is reported by the worker (`timing.replaced`), and a verdict that
+    """What a candidate patches in its process is reported by the worker (`percall.replaced`), and a verdict that
     carries it is not trusted, whatever the clocks then say."""
     assert replaced() == []
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
@@ -297,7 +297,7 @@ def test_widened_adds_the_between_session_term_in_quadrature_on_the_log_scale():
 def test_warm_ups_never_repeat_an_input():
     """A second measurement's warm-up (attempt 2) gets inputs the first never used: a caching candidate (the
     scale_cache attack) finds no repeat to answer from memory."""
-    from kernelbench_eval.judge.timing import warm_up
+    from kernelbench_eval.worker.percall import warm_up
 
     seen: list[torch.Tensor] = []
     rotation = Rotation([[torch.ones(16)], [torch.full((16,), 2.0)]])
@@ -345,7 +345,8 @@ def test_the_launch_cover_follows_the_slower_models_host_time():
     """Issue 35: one cover for both models, COVER_MARGIN times the slower one's recent host time per call (its
     warm-up's before the first block) plus the start event's launch, capped; the flush is written as many times as
     that takes at the card's bandwidth, at least once."""
-    from kernelbench_eval.judge import flush, measure
+    from kernelbench_eval.judge import measure
+    from kernelbench_eval.worker import flush
 
     ref, cand = TimedModel(worker=None), TimedModel(worker=None)  # type: ignore[arg-type]
     ref.warm_launch_ms, cand.warm_launch_ms = Samples([0.05, 0.06]), Samples([0.4, 0.3])

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from kernelbench_eval.discover.corpus import declared_devices, discover, source_problem
-from kernelbench_eval.judge.check import compare_outputs
 from kernelbench_eval.measured import TimingStats
 from kernelbench_eval.messages import TensorMeta
 from kernelbench_eval.records import RunManifest, RunSettings, Verdict
 from kernelbench_eval.results.formatting import runtime as format_runtime
 from kernelbench_eval.results.record import RunRecorder
+from kernelbench_eval.worker.check import compare_outputs
 
 
 def meta(t) -> TensorMeta:

@@ -31,9 +31,9 @@ import torch
 
 from kernelbench_eval import interrupts
 from kernelbench_eval.building import nvcc, pch
+from kernelbench_eval.building.jitwarmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.building.relocate import rewrite_triton
 from kernelbench_eval.building.signed import cached_log, verified, write_record
-from kernelbench_eval.building.warmup import WarmupSpec, build_env, needs_warmup
 from kernelbench_eval.discover.corpus import Candidate
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Column
 
 from kernelbench_eval.building.compile import Compiled
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.records import Verdict
 from kernelbench_eval.run.lanes import LaneConfig, LaneHandle, LaneResult, Prepared

@@ -4,7 +4,7 @@ A candidate runs as the same user, so it could edit a problem's file between dis
 import (adding dead work to slow the reference, say) and restore it with its old mtime. `References` hands the
 lanes the harness's private copy of each problem's discovered bytes (`discover.pinned`), re-verified before
 every candidate. The reference's inputs need no such care: the checker makes them from secret seeds and keeps
-them in its own (non-dumpable) memory, never in a file (`judge.reference`). What the reference says names the
+them in its own (non-dumpable) memory, never in a file (`judge.reference_side`). What the reference says names the
 user's file, never the copy (`user_paths`).
 """
 

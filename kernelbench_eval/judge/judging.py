@@ -3,8 +3,8 @@
     ref = ReferenceSide(problem, settings, seeds, ...).open()   # once per problem and lane
     findings = judge(ref, build, path, log, timeout)             # once per candidate
 
-`reference` holds the checker (the reference's worker: inputs, expected outputs, comparisons),
-`candidate` the candidate's single worker and its trials, `timed` the interleaved timing stage.
+`reference_side` holds the checker (the reference's worker: inputs, expected outputs, comparisons),
+`candidate_run` the candidate's single worker and its trials, `timing_stage` the interleaved timing stage.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled
-from kernelbench_eval.judge.candidate import CandidateRun, count_launches
-from kernelbench_eval.judge.kbmethod import per_call
-from kernelbench_eval.judge.precision import precision_reason
-from kernelbench_eval.judge.reference import ReferenceSide, Secrets, describe_problem
-from kernelbench_eval.judge.timed import time_candidate
+from kernelbench_eval.common.kbmethod import per_call
+from kernelbench_eval.common.precision import precision_reason
+from kernelbench_eval.judge.candidate_run import CandidateRun, count_launches
+from kernelbench_eval.judge.reference_side import ReferenceSide, Secrets, describe_problem
+from kernelbench_eval.judge.timing_stage import time_candidate
 from kernelbench_eval.records import Findings
 
 __all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernelbench_eval.common.carve import SEGMENT_ALIGN, in_place_enabled, pool_bytes
+from kernelbench_eval.common.exchange import layout_bytes, output_layout
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge.carve import SEGMENT_ALIGN, in_place_enabled, pool_bytes
 from kernelbench_eval.judge.checker import Checker
-from kernelbench_eval.judge.exchange import layout_bytes, output_layout
 from kernelbench_eval.judge.measure import Deadline, block_calls
 from kernelbench_eval.messages import ExchangeInfo, MemoryPlan, Slot, TensorMeta
 from kernelbench_eval.records import MemoryRecord, RunSettings

@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.memory import IN_PLACE_BYTES, KEPT_BYTES
+from kernelbench_eval.common.stats import WINDOW, Samples
 from kernelbench_eval.isolation import cores, gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
-from kernelbench_eval.judge import kbmethod
-from kernelbench_eval.judge.memory import IN_PLACE_BYTES, KEPT_BYTES
-from kernelbench_eval.judge.stats import WINDOW, Samples
 from kernelbench_eval.messages import Slot, TimeReply
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.requests import TimeRequest
@@ -64,7 +64,7 @@ class TimedModel:
     wall_ms: float = 0.0
     block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
-    replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`timing.replaced`)
+    replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`percall.replaced`)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
     idle_s: list[float] = field(default_factory=list)  # per block after the first: seconds since its previous ended
     ended: float | None = None  # perf_counter when its last block ended

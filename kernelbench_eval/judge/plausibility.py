@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernelbench_eval.judge import kbmethod
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.stats import Samples
 from kernelbench_eval.judge.measure import TimedModel
-from kernelbench_eval.judge.stats import Samples
 
 CLOCK_SLACK_MS = 0.1  # wall time per call a timer may miss (pipe, Python, GC) beyond the reference's...
 CLOCK_SLACK_SHARE = 0.5  # ...or this share of the reported time, whichever is larger;
@@ -117,7 +117,7 @@ def flush_slowed(cand: TimedModel, ref: TimedModel) -> float | None:
 
     The flush is the harness's own work on an idle device (both workers synchronise the whole device first),
     so it takes as long in either process. A candidate that launches its work on another stream runs it while
-    the flush still holds its timer back (the flush covers the launch: `timing`), and slows it; compute that
+    the flush still holds its timer back (the flush covers the launch: `percall`), and slows it; compute that
     leaves the memory bus alone slows it little, which is why this is one check among several.
     """
     if not cand.gate_ms or not ref.gate_ms:

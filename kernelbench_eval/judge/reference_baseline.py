@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from kernelbench_eval.common.stats import finite, rse_per_call
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.discover.guard import user_paths
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
@@ -22,7 +23,6 @@ from kernelbench_eval.judge.checker import Checker
 from kernelbench_eval.judge.lending import Lender
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference_timing import ReferenceTiming
-from kernelbench_eval.judge.stats import finite, rse_per_call
 from kernelbench_eval.records import Baseline, Conditions, RunSettings, TimingStats, baseline_key, now_utc
 from kernelbench_eval.requests import AttachRequest, LoadRequest
 

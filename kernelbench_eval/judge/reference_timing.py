@@ -2,15 +2,15 @@
 timing session so far (the between-session spread of every later interval), and the bandwidth floor of a call.
 
 Apart from `reference` because these numbers change as candidates are judged (a refreshed alone time, one session
-more per candidate), and only through the methods here, on the timing stage's word (`timed`).
+more per candidate), and only through the methods here, on the timing stage's word (`timing_stage`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from kernelbench_eval.common import kbmethod
 from kernelbench_eval.isolation.process import WorkerProcess
-from kernelbench_eval.judge import kbmethod
 from kernelbench_eval.judge.checker import Checker
 from kernelbench_eval.judge.lending import Lender
 from kernelbench_eval.judge.measure import Deadline, TimedModel, measure

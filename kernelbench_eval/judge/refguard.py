@@ -23,7 +23,7 @@ a faster speedup. Two layers, each standing on its own:
   beside the candidate (`StandIn`: where the candidate's turn was, the harness keeps a core busy as long; on a
   loaded 2-core box a reference called between another process's calls ran 1.86x slower than back to back, and
   honest code was blamed). Still slower interleaved
-  than alone now: it was slowed only beside the candidate: `disturbed` (`timed` measures again from scratch,
+  than alone now: it was slowed only beside the candidate: `disturbed` (`timing_stage` measures again from scratch,
   and only a second `disturbed` makes the verdict `suspicious`, so one burst of host load cannot decide). As
   slow alone as interleaved: the machine changed (host load, issue 13), the alone time is replaced by the new
   one for the problem's later candidates, and the candidate is not blamed. A re-measured alone time is kept
@@ -44,9 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelbench_eval.common.stats import per_call_ms, ratio_ci
 from kernelbench_eval.isolation.linux import threads
 from kernelbench_eval.isolation.process import WorkerProcess
-from kernelbench_eval.judge.stats import per_call_ms, ratio_ci
 
 STOP_WAIT_S = 1.0  # every thread of a group is scheduled once within this, even on a loaded host
 SLACK = {"cpu": 1.5, "cuda": 1.25}  # interleaved / alone beyond this (95 % interval) is more than noise; the CPU

@@ -18,7 +18,7 @@ import pandas as pd
 from rich.console import Console
 
 from kernelbench_eval import statuses
-from kernelbench_eval.judge.stats import FAST_P, fast_p
+from kernelbench_eval.common.stats import FAST_P, fast_p
 from kernelbench_eval.records import Verdict
 from kernelbench_eval.results import phases as account
 from kernelbench_eval.results.aggregates import aggregates, aggregates_text

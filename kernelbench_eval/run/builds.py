@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Discovery, ProblemChanged
 from kernelbench_eval.discover.guard import References
 from kernelbench_eval.isolation import cores

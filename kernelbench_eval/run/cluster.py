@@ -38,7 +38,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
 from kernelbench_eval.building.compile import Compiled
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation.workerenv import PACKAGE_ROOT
 from kernelbench_eval.judge.baselines import BaselineStore

@@ -16,9 +16,9 @@ import ray
 
 from kernelbench_eval.building import artifacts
 from kernelbench_eval.building.compile import Compiled, build_lock, compile_candidate, warm_build, warmup_for
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.building.relocate import relocate
 from kernelbench_eval.building.signed import RECORD_NAME, adopt
-from kernelbench_eval.building.warmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation.linux import keep_memory_private
 from kernelbench_eval.judge.baselines import BaselineStore

@@ -21,7 +21,7 @@ import torch
 
 from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import Compiled, compile_candidate
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation import gpus as gpu_env

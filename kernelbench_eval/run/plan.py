@@ -12,6 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.precision import PRECISIONS, TOLERANCE_PRESETS
+from kernelbench_eval.common.precision import tolerance as preset_tolerance
 from kernelbench_eval.discover.corpus import (
     Discovery,
     Problem,
@@ -20,9 +23,6 @@ from kernelbench_eval.discover.corpus import (
     discover,
     merged_smoke_dims,
 )
-from kernelbench_eval.judge import kbmethod
-from kernelbench_eval.judge.precision import PRECISIONS, TOLERANCE_PRESETS
-from kernelbench_eval.judge.precision import tolerance as preset_tolerance
 from kernelbench_eval.records import RunSettings, Verdict
 from kernelbench_eval.results.record import RunRecorder
 from kernelbench_eval.run.setup import manifest_dirs, read_manifest, resolve_device

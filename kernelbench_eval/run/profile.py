@@ -21,7 +21,7 @@ from rich.table import Table
 from kernelbench_eval.budgets import DEFAULT as DEFAULT_BUDGETS
 from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import build_lock, compile_candidate, extension_env, private_triton
-from kernelbench_eval.building.warmup import WarmupSpec
+from kernelbench_eval.building.jitwarmup import WarmupSpec
 from kernelbench_eval.discover.corpus import Candidate, Problem, make_candidate, sha256_file
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess

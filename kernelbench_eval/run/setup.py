@@ -23,7 +23,7 @@ from kernelbench_eval.results.record import RunRecorder, check_manifest, seal_ma
 
 if TYPE_CHECKING:  # only `Backend`'s signatures name them
     from kernelbench_eval.building.compile import Compiled
-    from kernelbench_eval.building.warmup import WarmupSpec
+    from kernelbench_eval.building.jitwarmup import WarmupSpec
     from kernelbench_eval.discover.corpus import Candidate
     from kernelbench_eval.run.lanes import LaneConfig, LaneHandle
 

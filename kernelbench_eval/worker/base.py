@@ -12,12 +12,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from kernelbench_eval.judge import cudart
-from kernelbench_eval.judge.precision import cast_model
+from kernelbench_eval.common import cudart
+from kernelbench_eval.common.precision import cast_model
 from kernelbench_eval.messages import LoadReply, ProfileReply, Reply
 from kernelbench_eval.requests import ImportRequest, LoadRequest, ProfileRequest
 from kernelbench_eval.worker import namespace
-from kernelbench_eval.worker.common import _device_name, _memory_bytes, _one_line, _torch
+from kernelbench_eval.worker.tensors import _device_name, _memory_bytes, _one_line, _torch
 
 Handler = Callable[[Any, Any], Reply]  # (the worker, its request) -> its reply
 Ops = dict[str, Handler]
@@ -69,7 +69,7 @@ class WorkerBase:
 
     def op_profile(self, req: ProfileRequest) -> ProfileReply:
         """Launch accounting (`launches.py`) of one forward on set `name` or `inputs_file`, after `req.warmup` calls."""
-        from kernelbench_eval.judge.launches import profile_model
+        from kernelbench_eval.common.launches import profile_model
 
         torch = _torch()
         if req.name:  # an input set this worker holds (a judged candidate's), on fresh copies

@@ -16,9 +16,9 @@ from __future__ import annotations
 import traceback
 from typing import ClassVar
 
-from kernelbench_eval.judge import cudart, timing
-from kernelbench_eval.judge.carve import ExchangePool
-from kernelbench_eval.judge.exchange import Exchange
+from kernelbench_eval.common import cudart
+from kernelbench_eval.common.carve import ExchangePool
+from kernelbench_eval.common.exchange import Exchange
 from kernelbench_eval.messages import ExportReply, ImportReply, Reply, RunReply, Slot, TensorMeta
 from kernelbench_eval.requests import (
     AttachRequest,
@@ -29,10 +29,11 @@ from kernelbench_eval.requests import (
     TimeRequest,
     WarmupRequest,
 )
+from kernelbench_eval.worker import percall
 from kernelbench_eval.worker.base import Ops, missing_class
-from kernelbench_eval.worker.common import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory
 from kernelbench_eval.worker.failures import classify
 from kernelbench_eval.worker.placing import ExchangeOutputs
+from kernelbench_eval.worker.tensors import _meta, _nbytes, _sync, _torch, as_list, fill_free_memory
 from kernelbench_eval.worker.timed import SHARED_OPS, TimingWorker
 
 
@@ -117,7 +118,7 @@ class CandidateWorker(TimingWorker):
         """What the outputs of calls `calls` of the last timed block looked like (they are in the exchange).
 
         Each timed call's reply already says so; the harness sends it with no calls, outside the wall clock,
-        to wake a stopped candidate before its block (`timed.resume`).
+        to wake a stopped candidate before its block (`timing_stage.resume`).
         """
         metas = [[o if isinstance(o, TensorMeta) else _meta(o) for o in self.kept[call]] for call in req.calls]
         return ExportReply(ok=True, metas=metas)
@@ -132,7 +133,7 @@ class CandidateWorker(TimingWorker):
     def _pool(self, req: TimeRequest) -> ExchangePool | None:
         return self.outputs.pool if req.layout and self.outputs is not None else None
 
-    def _keeper(self, req: TimeRequest) -> timing.Keeper:
+    def _keeper(self, req: TimeRequest) -> percall.Keeper:
         if req.layout and self.outputs is not None:
             return self.outputs.keeper(req.layout, req.first)
         return super()._keeper(req)

@@ -10,7 +10,7 @@ import re
 import traceback
 from pathlib import Path
 
-from kernelbench_eval.worker.common import _one_line
+from kernelbench_eval.worker.tensors import _one_line
 
 _BUILD_FAILURE = "Error building extension"
 _BUILD_PATH = re.compile(r"^/\S*/")  # the private build directory in front of `main.cpp:6:25: error: ...`

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kernelbench_eval.common import memory
+from kernelbench_eval.common.precision import cast_inputs
 from kernelbench_eval.isolation.linux import keep_memory_private
-from kernelbench_eval.judge import memory
-from kernelbench_eval.judge.precision import cast_inputs
 from kernelbench_eval.messages import PrepareReply
 from kernelbench_eval.requests import PrepareRequest
-from kernelbench_eval.worker.common import _describe, _memory_bytes, _nbytes, _torch, free_memory, out_of_memory
 from kernelbench_eval.worker.draws import distribution_of, draw_inputs, reshape
+from kernelbench_eval.worker.tensors import _describe, _memory_bytes, _nbytes, _torch, free_memory, out_of_memory
 from kernelbench_eval.worker.timed import TimingWorker
 
 

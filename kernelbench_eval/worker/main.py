@@ -24,9 +24,9 @@ from kernelbench_eval.messages import ROLE_VAR, Reply, Role
 from kernelbench_eval.requests import Request, parse_request
 from kernelbench_eval.worker import workermemory
 from kernelbench_eval.worker.candidate import CandidateWorker
-from kernelbench_eval.worker.common import _one_line
 from kernelbench_eval.worker.failures import classify
 from kernelbench_eval.worker.reference import CheckerWorker
+from kernelbench_eval.worker.tensors import _one_line
 from kernelbench_eval.worker.timed import TimingWorker
 
 ROLES: dict[str, type[TimingWorker]] = {"checker": CheckerWorker, "candidate": CandidateWorker}

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernelbench_eval.judge import timing
-from kernelbench_eval.judge.carve import ExchangePool
-from kernelbench_eval.judge.exchange import Exchange, slot_bytes
+from kernelbench_eval.common.carve import ExchangePool
+from kernelbench_eval.common.exchange import Exchange, slot_bytes
 from kernelbench_eval.messages import Slot, TensorMeta
-from kernelbench_eval.worker.common import _meta, _sync, _torch, as_list, fits
+from kernelbench_eval.worker import percall
+from kernelbench_eval.worker.tensors import _meta, _sync, _torch, as_list, fits
 
 
 class ExchangeOutputs:
@@ -32,7 +32,7 @@ class ExchangeOutputs:
     def new_block(self) -> None:
         self.placed, self.held, self.spans, self.overwrote = [], [], [], []
 
-    def keeper(self, layout: list[list[Slot]], first: int) -> timing.Keeper:
+    def keeper(self, layout: list[list[Slot]], first: int) -> percall.Keeper:
         """While timed: each call's outputs left where the call put them when that is the exchange's pool area
         (`carve`), else copied into the call's slots, keeping only what they looked like and where they lie.
         `first`: the block's call index of this request's first call."""
@@ -65,7 +65,7 @@ class ExchangeOutputs:
         Every output of this call is also looked for over the memory that earlier calls of the block left in
         place (`spans`): a model that hands out one buffer again (a `self.out` made during a timed call) has
         written over the earlier call's outputs before the checker read them. Those calls are reported
-        (`overwrote`), and the harness measures again in blocks of one call (`timed`)."""
+        (`overwrote`), and the harness measures again in blocks of one call (`timing_stage`)."""
         if self.pool is None or not fits(metas, slots):
             return None
         for out in outs:

@@ -11,10 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
-from kernelbench_eval.judge import flush, timing
-from kernelbench_eval.judge.check import compare_outputs
-from kernelbench_eval.judge.exchange import Exchange
-from kernelbench_eval.judge.truth import Truth, stand_in
+from kernelbench_eval.common.exchange import Exchange
 from kernelbench_eval.measured import PrecisionCheck
 from kernelbench_eval.messages import CheckReply, CheckResult, ExchangeReply, PutReply, Reply, Slot, TensorMeta
 from kernelbench_eval.requests import (
@@ -26,10 +23,13 @@ from kernelbench_eval.requests import (
     PutRequest,
     TimeRequest,
 )
+from kernelbench_eval.worker import flush, percall
 from kernelbench_eval.worker.base import Ops
-from kernelbench_eval.worker.common import _meta, _sync, _torch
+from kernelbench_eval.worker.check import compare_outputs
+from kernelbench_eval.worker.tensors import _meta, _sync, _torch
 from kernelbench_eval.worker.timed import SHARED_OPS, store_keeper
 from kernelbench_eval.worker.trials import CheckerTrials, release
+from kernelbench_eval.worker.truthcheck import Truth, stand_in
 
 TRUTH_ODDS = 10  # blocks per timed call checked against the float64 stand-in, on average
 _CHOICE = random.SystemRandom()
@@ -137,7 +137,7 @@ class CheckerWorker(CheckerTrials):
         return CheckResult(passed=result.passed, max_abs_diff=result.max_abs_diff,
                            mean_abs_diff=result.mean_abs_diff, error=result.error, precision=figures)
 
-    def _keeper(self, req: TimeRequest) -> timing.Keeper:
+    def _keeper(self, req: TimeRequest) -> percall.Keeper:
         """Its timed outputs into storage shaped as trial 0's expected outputs, made before the first block."""
         template = self.expected_metas[0] if self.expected_metas else []
         return store_keeper(self.store, req.first, len(req.schedule), template, self.device)

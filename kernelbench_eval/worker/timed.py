@@ -15,12 +15,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kernelbench_eval.judge import cudagraph, flush, kbmethod, refill, timing
-from kernelbench_eval.judge.carve import ExchangePool
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.carve import ExchangePool
 from kernelbench_eval.messages import Slot, TensorMeta, TimeReply
 from kernelbench_eval.requests import TimeRequest
+from kernelbench_eval.worker import cudagraph, flush, kbtiming, percall, refill
 from kernelbench_eval.worker.base import Ops, WorkerBase
-from kernelbench_eval.worker.common import _meta, _sync, _torch, as_list
+from kernelbench_eval.worker.tensors import _meta, _sync, _torch, as_list
 
 
 class TimingWorker(WorkerBase):
@@ -42,8 +43,8 @@ class TimingWorker(WorkerBase):
         self.timing_method = kbmethod.OWN  # how the calls of the measurement under way are timed (its warm-up's)
         self.timing_scope: contextlib.ExitStack | None = None  # held from one timed request to the next
         self.timing_pool: ExchangePool | None = None  # the pool the scope allocates from
-        self.pending: timing.Launched | None = None  # an answered call whose device work may still run
-        self.settled = timing.Block()  # calls whose times no reply has carried yet
+        self.pending: percall.Launched | None = None  # an answered call whose device work may still run
+        self.settled = percall.Block()  # calls whose times no reply has carried yet
 
     def op_time(self, req: TimeRequest) -> TimeReply:
         """Timed calls on rotating inputs (the harness sends one at a time, `req.first` its index in the block);
@@ -71,10 +72,10 @@ class TimingWorker(WorkerBase):
             self._new_block()
         self._enter_timing(pooled)
         if req.warmup and kernelbench:
-            self.settled.launch_ms += kbmethod.warm_up(model, self.rotation, req.warmup, self.timing_method,
+            self.settled.launch_ms += kbtiming.warm_up(model, self.rotation, req.warmup, self.timing_method,
                                                        self.device)
-        elif req.warmup:  # outside the pool: see `timing.warm_up`
-            self.settled.launch_ms += timing.warm_up(model, self.rotation, req.warmup, req.warmup_seconds,
+        elif req.warmup:  # outside the pool: see `percall.warm_up`
+            self.settled.launch_ms += percall.warm_up(model, self.rotation, req.warmup, req.warmup_seconds,
                                                      self.device)
         if req.graph and self.device == "cuda" and self.replay is None and self.graph_error is None:
             self.replay, self.graph_error = cudagraph.capture_graph(model, self.rotation)
@@ -82,12 +83,12 @@ class TimingWorker(WorkerBase):
         replay = self.replay if req.model == "main" else None
         placement = 0 if replay else req.placement
         if req.overlap and self.device == "cuda" and len(req.schedule) == 1:
-            self.pending = timing.launch(model, self.rotation, req.schedule[0], 0, keeper, replay, placement,
+            self.pending = percall.launch(model, self.rotation, req.schedule[0], 0, keeper, replay, placement,
                                          early=True, cover_s=req.cover_s)
             metas = [[_meta(o) for o in as_list(self.pending.out)]]
         else:
-            block = (kbmethod.time_block(model, self.rotation, req.schedule, self.device, keeper, self.timing_method)
-                     if kernelbench else timing.time_block(model, self.rotation, req.schedule, self.device, replay,
+            block = (kbtiming.time_block(model, self.rotation, req.schedule, self.device, keeper, self.timing_method)
+                     if kernelbench else percall.time_block(model, self.rotation, req.schedule, self.device, replay,
                                                            keeper, placement, req.cover_s))
             self.kept += block.kept
             self.settled.extend(block)
@@ -96,7 +97,7 @@ class TimingWorker(WorkerBase):
         # reply, inside the harness's wall clock on the block, with nothing left to do after the last call
         # (the checker's reply says where its own copies lie, which nobody reads: the same bytes to write and
         # parse on the harness's clock as the candidate's, so the clock check compares like with like)
-        return self._with_times(TimeReply(ok=True, graph_error=self.graph_error, replaced=timing.replaced(),
+        return self._with_times(TimeReply(ok=True, graph_error=self.graph_error, replaced=percall.replaced(),
                                           metas=metas, placed=self._placed(req, metas), overwrote=self._overwrote()))
 
     def settle_answered(self) -> None:
@@ -105,14 +106,14 @@ class TimingWorker(WorkerBase):
         if self.pending is None:
             return
         launched, self.pending = self.pending, None
-        block = timing.Block()
-        block.late = timing.settle(launched, block)
+        block = percall.Block()
+        block.late = percall.settle(launched, block)
         self.kept += block.kept
         self.settled.extend(block)
 
     def _with_times(self, reply: TimeReply) -> TimeReply:
         """`reply` with the times of every call settled since the last one."""
-        done, self.settled = self.settled, timing.Block()
+        done, self.settled = self.settled, percall.Block()
         reply.samples_ms, reply.device_ms, reply.gate_ms, reply.late = (done.event_ms, done.device_ms, done.gate_ms,
                                                                         done.late)
         reply.launch_ms = done.launch_ms
@@ -145,7 +146,7 @@ class TimingWorker(WorkerBase):
         """The pool the block's calls allocate from: none of this worker's own."""
         return None
 
-    def _keeper(self, req: TimeRequest) -> timing.Keeper:
+    def _keeper(self, req: TimeRequest) -> percall.Keeper:
         return store_keeper(self.store, req.first, len(req.schedule), [], self.device)
 
     def _placed(self, req: TimeRequest, metas: list[list[TensorMeta]]) -> list[list[Slot]]:
@@ -162,7 +163,7 @@ SHARED_OPS: Ops = {"load": WorkerBase.op_load, "profile": WorkerBase.op_profile,
 
 
 def store_keeper(store: list[list[Any]], first: int, calls: int, template: list[TensorMeta], device: str
-                 ) -> timing.Keeper:
+                 ) -> percall.Keeper:
     """While timed: each call's outputs copied into `store`, storage made before the block (from `template`, the
     outputs' description where one is known), as the candidate copies into the exchange, with the same host work
     after the call (describe, copy, wait): both keepers run inside the wall clock the clock check compares, so work

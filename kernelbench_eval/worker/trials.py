@@ -10,15 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelbench_eval.judge import memory, refill
-from kernelbench_eval.judge.check import degenerate_outputs
-from kernelbench_eval.judge.truth import Truth
+from kernelbench_eval.common import memory
 from kernelbench_eval.messages import ExpectReply, MemoryPlan, TensorMeta
 from kernelbench_eval.requests import ExpectRequest
-from kernelbench_eval.worker.common import _meta, _nbytes, _one_line, _sync, _torch, as_list, out_of_memory, peak_memory
+from kernelbench_eval.worker import refill
+from kernelbench_eval.worker.check import degenerate_outputs
 from kernelbench_eval.worker.draws import distribution_of
 from kernelbench_eval.worker.inputs import CheckerInputs
+from kernelbench_eval.worker.tensors import (
+    _meta,
+    _nbytes,
+    _one_line,
+    _sync,
+    _torch,
+    as_list,
+    out_of_memory,
+    peak_memory,
+)
 from kernelbench_eval.worker.truth import TruthMaker
+from kernelbench_eval.worker.truthcheck import Truth
 
 
 class CheckerTrials(CheckerInputs):

@@ -3,7 +3,7 @@
 Why a copy: the reference the candidates are compared with stays exactly what it was (its dtype, its state:
 a BatchNorm's running statistics); the copy is made once when the problem is opened and dropped after the
 expected outputs are computed. It runs on trial 0 for every problem (the precision figures) and on every trial
-of a problem with a reduction output (the reduction bound, `judge.truth`), and, for a reduction, twice more on
+of a problem with a reduction output (the reduction bound, `truthcheck`), and, for a reduction, twice more on
 inputs rounded once at the run's precision (`PERTURBATIONS`: how far rounding alone moves the output, which
 scales the bound for sums that cancel). Where the model cannot run in float64 (an op without a float64 kernel, a
 model that cannot be copied, no memory for it), the truth is skipped with a note and the elementwise tolerance
@@ -15,8 +15,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kernelbench_eval.judge.truth import SAMPLE, Truth, distance, reduction_size
-from kernelbench_eval.worker.common import _one_line, _sync, _torch, as_list
+from kernelbench_eval.worker.tensors import _one_line, _sync, _torch, as_list
+from kernelbench_eval.worker.truthcheck import SAMPLE, Truth, distance, reduction_size
 
 HEADROOM = 0.8  # of the free memory the float64 run may count on (the model's own temporaries need the rest)
 PERTURBATIONS = 2  # float64 runs on inputs each rounded once at random (relative u), for the sensitivity

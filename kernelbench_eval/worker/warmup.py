@@ -1,17 +1,17 @@
 """The build worker's warm-up call (`CandidateWorker.op_warmup`): one forward of ModelNew on problem-shaped inputs.
 
 Here, with the rest of what runs inside a worker, because it runs candidate code; the harness's side of the warm-up
-(whether a source needs one, the inputs it is made for, the build's Triton cache) is `building.warmup`.
+(whether a source needs one, the inputs it is made for, the build's Triton cache) is `building.jitwarmup`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kernelbench_eval.judge.precision import cast_inputs, cast_model
+from kernelbench_eval.common.precision import cast_inputs, cast_model
 from kernelbench_eval.messages import ImportReply
 from kernelbench_eval.requests import WarmupRequest
-from kernelbench_eval.worker.common import _one_line
+from kernelbench_eval.worker.tensors import _one_line
 
 
 def warm_up(candidate: Any, problem: Any, req: WarmupRequest) -> ImportReply:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from kernelbench_eval.worker.common import _torch, peak_memory
+from kernelbench_eval.worker.tensors import _torch, peak_memory
 
 # Device memory this worker's allocator may keep unused after a request: the rest goes back to the device before
 # the reply, for the other worker. The checker kept 14-25 GB cached after re-drawing a trial's inputs at

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelbench_eval.budgets import Budgets
+from kernelbench_eval.common import memory
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.discover.guard import user_paths
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
-from kernelbench_eval.judge import memory
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.checker import Checker, ReferenceFailure
 from kernelbench_eval.judge.lending import Lender

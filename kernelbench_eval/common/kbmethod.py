@@ -11,7 +11,7 @@ speedup is the reference's mean over the candidate's. Two versions are offered:
   than asked for is run, the first discarded.
 - `kernelbench-2025` (src/eval.py of January 2025, what most published numbers used): no flush, no discard.
 
-What stays the harness's (`measure`, `timed`): the calls are sent one at a time on inputs refilled for each call
+What stays the harness's (`measure`, `timing_stage`): the calls are sent one at a time on inputs refilled for each call
 (`refill.Rotation`, before the trial's synchronise, so the cache state the events see is the method's: flushed,
 or in the 2025 method as hot as KernelBench's repeated inputs leave it), in blocks alternating between the
 reference and the candidate, every timed call's outputs compared in full, the harness's wall clock checked against
@@ -22,41 +22,24 @@ after each trial its outputs are copied for the check (before the next trial's s
 timed again for every candidate. On the CPU (KernelBench times only CUDA) the calls are timed by the host clock,
 with the same warm-up, trial counts and mean, and no flush.
 
-Worker side: `warm_up` and `time_block`, with the event type and clocks bound at import (before any candidate
-code runs, as `timing` does). Harness side: `check`, `measured` and `calls` (for `measure`), `is_kernelbench`,
-`per_call`, `rse`, `basis`.
+Here: the method's constants and what the harness reads of it: `check`, `measured` and `calls` (for `measure`),
+`is_kernelbench`, `per_call`, `rse`, `basis`. The timing itself runs in the worker (`worker/kbtiming.py`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, get_args
+from collections.abc import Sequence
+from typing import get_args
 
-import torch
-
-from kernelbench_eval.judge import timing
-from kernelbench_eval.judge.stats import per_call_ms, rse_per_call, window_means
+from kernelbench_eval.common.stats import per_call_ms, rse_per_call, window_means
 from kernelbench_eval.records import RunSettings, TimingMethod
 
-if TYPE_CHECKING:
-    from kernelbench_eval.judge.refill import Rotation
-
 METHODS: tuple[str, ...] = get_args(TimingMethod)
-OWN, CURRENT, JAN2025 = METHODS  # the harness's own (`timing`, `measure`); KernelBench's today; of January 2025
+OWN, CURRENT, JAN2025 = METHODS  # the harness's own (`percall`, `measure`); KernelBench's today; of January 2025
 WARMUP = 3  # KernelBench's num_warmup
 DISCARD = {CURRENT: 1, JAN2025: 0}  # trials run first and dropped (discard_first)
-THRASH_SHAPE = (32, 1024, 1024)  # int64: the 256 MB KernelBench writes before each trial (`clear_l2_cache`)
-
-_perf_counter_ns = time.perf_counter_ns
-_EventBase = getattr(torch._C, "_CudaEventBase", None)
-_device_sync = getattr(torch._C, "_cuda_synchronize", None)
-_current_stream = torch.cuda.current_stream
-_empty = torch.empty
-_SEEDS = itertools.count(1 << 41)  # the discarded trial's inputs: never a timed call's (those seeds are secret)
 
 
 # -- harness side ----------------------------------------------------------------------------------------------
@@ -118,53 +101,3 @@ def basis(method: str, device: str, calls: int) -> str:
             "KernelBench itself times only CUDA"
         name = "kernelbench-host-clock" if method == CURRENT else "kernelbench-2025-host-clock"
     return f"{name} (mean of {calls} calls after {WARMUP} warm-ups, {how})"
-
-
-# -- worker side -----------------------------------------------------------------------------------------------
-
-
-def warm_up(model: Callable[..., object], rotation: Rotation, count: int, method: str, device: str) -> list[float]:
-    """KernelBench's warm-up: `count` calls, each followed by a synchronise (`timing.warm_up`, never stopped by
-    time); then, in the current method, the allocator's cache emptied and the discarded trials run. Returns the
-    warm-up calls' host times, as `timing.warm_up` does."""
-    launches = timing.warm_up(model, rotation, count, 1e9, device)
-    if method == CURRENT:
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        drop: timing.Keeper = lambda _, out: list  # noqa: E731 (nothing kept: it is not checked)
-        time_block(model, rotation, [(0, 1.0, next(_SEEDS)) for _ in range(DISCARD[method])], device, drop, method)
-    return launches
-
-
-def time_block(model: Callable[..., object], rotation: Rotation, schedule: list[tuple[int, float, int]],
-               device: str, keeper: timing.Keeper, method: str) -> timing.Block:
-    """One trial of KernelBench's method per call of `schedule`, each on freshly refilled inputs (the first
-    placement only: KernelBench's inputs stay where they are), each call's outputs kept by `keeper` once it is
-    timed. On the CPU, the host clock around the call (`timing.time_block`)."""
-    if device != "cuda":
-        return timing.time_block(model, rotation, schedule, device, None, keeper)
-    assert _EventBase is not None and _device_sync is not None
-    block = timing.Block()
-    for i, call in enumerate(schedule):
-        inputs = rotation.fill(*call, 0)  # before the synchronise: done, and cached or not, as the method leaves it
-        _device_sync()
-        before, start, end, after = (_EventBase(enable_timing=True) for _ in range(4))  # new events a trial
-        if method == CURRENT:
-            _EventBase.record(before, _current_stream())
-            _empty(THRASH_SHAPE, dtype=torch.int64, device="cuda").fill_(42)  # made, written and freed
-        _EventBase.record(start, _current_stream())
-        began = _perf_counter_ns()
-        out = model(*inputs)
-        launched_ms = (_perf_counter_ns() - began) / 1e6
-        _EventBase.record(end, _current_stream())
-        _device_sync()  # every stream, as KernelBench's
-        _EventBase.record(after, _current_stream())  # what ran on other streams: the device-wide time
-        block.kept.append(keeper(i, out)())
-        _EventBase.synchronize(after)
-        block.event_ms.append(_EventBase.elapsed_time(start, end))
-        block.device_ms.append(_EventBase.elapsed_time(start, after))
-        block.launch_ms.append(launched_ms)
-        if method == CURRENT:
-            block.gate_ms.append(_EventBase.elapsed_time(before, start))
-    _device_sync()
-    return block

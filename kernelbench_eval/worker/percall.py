@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
-from kernelbench_eval.judge.cudart import reset_persisting_l2
-from kernelbench_eval.judge.flush import l2_flush_buffer, repeats_for
-from kernelbench_eval.judge.flushkernel import write as write_flush
-from kernelbench_eval.judge.refill import Rotation
+from kernelbench_eval.common.cudart import reset_persisting_l2
+from kernelbench_eval.worker.flush import l2_flush_buffer, repeats_for
+from kernelbench_eval.worker.flushkernel import write as write_flush
+from kernelbench_eval.worker.refill import Rotation
 
 _perf_counter_ns = time.perf_counter_ns
 # A timed CUDA call measures with the C event type's own methods (no Python code can replace a method of a C
@@ -128,7 +128,7 @@ def warm_up(model: Callable[..., object], rotation: Rotation, count: int, second
     """Untimed calls, stopping at `count` or after `seconds`, whichever comes first; returns the host time of each
     call after the first (what the harness sizes the first block's launch cover by: `measure.cover_s`).
 
-    Each gets inputs this process has not seen: a second measurement (`timed`, attempt 2) warming up on the
+    Each gets inputs this process has not seen: a second measurement (`timing_stage`, attempt 2) warming up on the
     first's inputs again handed a caching candidate repeats it could answer from memory (untimed, but noise in
     what it shows)."""
     deadline = _perf_counter_ns() + int(seconds * 1e9)

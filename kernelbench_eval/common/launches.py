@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelbench_eval.judge.marks import (
+from kernelbench_eval.common.marks import (
     EXTENSION_MARK,
     INDUCTOR_MARK,
     extension_functions,

@@ -20,7 +20,7 @@ from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.checker import ReferenceFailure
 from kernelbench_eval.judge.measure import Deadline
-from kernelbench_eval.judge.reference import ReferenceSide
+from kernelbench_eval.judge.reference_side import ReferenceSide
 from kernelbench_eval.messages import CheckResult
 from kernelbench_eval.records import Findings
 from kernelbench_eval.requests import ExportRequest, ProfileRequest, RunRequest
@@ -179,7 +179,7 @@ class CandidateRun:
 
 def count_launches(run: CandidateRun) -> None:
     """What ran in one forward of a correct candidate: its own kernels or library ones (`launches`)."""
-    from kernelbench_eval.judge.launches import warning_for
+    from kernelbench_eval.common.launches import warning_for
 
     assert run.worker is not None
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The cache flush written before every timed CUDA call, which is also the call's launch cover (`timing`).
+"""The cache flush written before every timed CUDA call, which is also the call's launch cover (`percall`).
 
 It evicts the last call's data (twice the L2 at least) and keeps the GPU writing for FLUSH_COVER_S at peak
 bandwidth, so the host has launched the call's kernels before its start event fires. The refill ahead of it
@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kernelbench_eval.judge.cudart import memory_bandwidth_gbs
+from kernelbench_eval.common.cudart import memory_bandwidth_gbs
 
 _L2_FLUSH_FACTOR = 2  # write at least twice the L2 so nothing of the previous call stays cached
 FLUSH_COVER_S = 150e-6  # and for this long at peak bandwidth: the host launches the call meanwhile

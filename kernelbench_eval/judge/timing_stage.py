@@ -16,10 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelbench_eval.common import kbmethod
+from kernelbench_eval.common.exchange import item_bytes, slot_bytes
+from kernelbench_eval.common.stats import (
+    chained_speedup_ci,
+    finite,
+    speedup_ci,
+)
 from kernelbench_eval.isolation import gpus
-from kernelbench_eval.judge import kbmethod
-from kernelbench_eval.judge.candidate import CandidateRun
-from kernelbench_eval.judge.exchange import item_bytes, slot_bytes
+from kernelbench_eval.judge.candidate_run import CandidateRun
 from kernelbench_eval.judge.measure import Call, TimedModel, cover_s, measure, sm_clock_mhz
 from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn
@@ -27,11 +32,6 @@ from kernelbench_eval.judge.sessions import (
     rerun_interval,
     unresolved,
     widened,
-)
-from kernelbench_eval.judge.stats import (
-    chained_speedup_ci,
-    finite,
-    speedup_ci,
 )
 from kernelbench_eval.measured import Timing, TimingStats
 from kernelbench_eval.messages import Slot

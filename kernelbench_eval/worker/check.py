@@ -9,7 +9,7 @@ What each kind of output is held to:
   computed on 1/6 of the input and multiplied by 6 pass (its error is well under 1 % of a large count);
 - floating outputs: `|out - expected| <= atol + rtol |expected|` (KernelBench's rule), NaN/Inf at the same places;
 - reduction outputs (a loss, a norm), where the checker has the float64 truth: also within `truth.reduction_bound`
-  of it, which a subsample of the inputs does not meet (`truth`);
+  of it, which a subsample of the inputs does not meet (`truthcheck`);
 - trial 0: each floating output's error against the float64 truth is measured beside the reference's, for the
   precision rule (`precision.reduced_precision`).
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelbench_eval.judge import truth as against_truth
-from kernelbench_eval.judge.truth import Truth
 from kernelbench_eval.messages import TensorMeta
+from kernelbench_eval.worker import truthcheck as against_truth
+from kernelbench_eval.worker.truthcheck import Truth
 
 
 @dataclass

@@ -8,7 +8,7 @@ start event measured what outlasted the flush. This kernel is launched with as m
 holds (the warps of an SM all taken: `full`), each writing its share of the buffer (four 16-byte words a
 thread a step) `repeats` times in one launch,
 so no other kernel's block can be resident until it ends; stream priority orders pending blocks, it never evicts
-running ones. With the host waiting for the refill before it calls the model (`timing.launch`), nothing the call
+running ones. With the host waiting for the refill before it calls the model (`percall.launch`), nothing the call
 launches can run before the flush has all but ended.
 
 It is PTX, compiled by the driver when first used (milliseconds, no compiler needed); where the driver cannot

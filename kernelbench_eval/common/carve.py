@@ -16,7 +16,7 @@ the block is checked, so the allocator never hands their memory to a later call.
 buffer again (a `self.out`) would still write over an earlier call's outputs before the check: the worker looks
 for every output over memory an earlier call of the block left in place and says so, and the harness then
 measures again in blocks of one call, each compared before the next runs. Buffers a model keeps are made in the
-warm-up, outside the pool (`timing.warm_up` takes every input placement), so their outputs are copied anyway.
+warm-up, outside the pool (`percall.warm_up` takes every input placement), so their outputs are copied anyway.
 Smaller outputs are copied into their slots, as before (at most 256 MB a call).
 
 The raw allocator is a pair of ctypes callbacks (no compiled shim to build, sign and trust). The caching
@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from kernelbench_eval.judge.cudart import cudart
+from kernelbench_eval.common.cudart import cudart
 
 SEGMENT_ALIGN = 2 << 20  # the caching allocator's large-segment granularity
 POOL_SPARE = 2  # beyond a block's outputs, the pool area holds this many calls' more: intermediates land there too

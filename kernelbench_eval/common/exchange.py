@@ -183,7 +183,7 @@ class _DeviceArray:
 
 
 def _cudart() -> Any:
-    from kernelbench_eval.judge.cudart import cudart
+    from kernelbench_eval.common.cudart import cudart
 
     lib = cudart()
     if lib is None:

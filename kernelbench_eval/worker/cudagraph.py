@@ -1,7 +1,7 @@
 """A model's CUDA-graph replay on its rotation's fixed input buffers (`--cuda-graph`), checked once against a plain
 call.
 
-Apart from `timing` because capturing is a job of its own, done once per worker before its first timed block:
+Apart from `percall` because capturing is a job of its own, done once per worker before its first timed block:
 `time_block` times whatever it is handed, a plain call or this replay.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernelbench_eval.judge.refill import Rotation
-from kernelbench_eval.judge.timing import keep
+from kernelbench_eval.worker.percall import keep
+from kernelbench_eval.worker.refill import Rotation
 
 
 def capture_graph(model: Callable[..., object], rotation: Rotation) -> tuple[Callable[[], object] | None, str | None]:
