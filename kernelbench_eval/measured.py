@@ -80,6 +80,7 @@ class Timing(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)
     device_busy: float | None = None  # share of the timing stage's wall time the timed calls kept the device busy
     exchange: str | None = None  # how outputs reached the checker: "cuda_ipc" (on the GPU) or "shm"
+    flush: str | None = None  # CUDA: how the flush before each of the candidate's calls was written (`flushkernel`)
     # timed calls whose outputs the checker read where the candidate's call had put them (`carve`), no copy
     in_place_calls: int | None = None
     block_calls: int | None = None  # timed calls a block held: several where outputs stay in place (`carve`)

@@ -162,6 +162,7 @@ class TimeReply(Reply):
     gate_ms: list[float] = Field(default_factory=list)  # CUDA: each call's flush (its launch cover), timed
     launch_ms: list[float] = Field(default_factory=list)  # each call's host time (its warm-up calls' too)
     graph_error: str | None = None
+    flush: str | None = None  # CUDA: how the flush before each call was written (`flushkernel.describe`)
     replaced: list[str] = Field(default_factory=list)  # timing functions the process's code replaced
     late: bool = False  # an answered call's device work was done before the worker began to wait for it
     # a candidate's calls of the block whose outputs, left in place, a later call's outputs lie over: they may

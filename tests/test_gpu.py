@@ -34,6 +34,7 @@ def test_fixture_corpus_on_cuda(tmp_path, build_cache):
     assert all(isinstance(mhz, int) and mhz > 0 for mhz in timing["sm_clock_mhz"])
     assert timing["floor_ms"] > 0 and ok["compile_runtime_ms"] > 0
     assert timing["exchange"] == "cuda_ipc"  # outputs reached the checker on the device, by CUDA IPC
+    assert timing["flush"].startswith("one kernel holding every SM"), timing["flush"]  # issue 36, class 6
     assert timing["checked_calls"] == ok["runtime_stats"]["calls"]  # every timed call compared in full
 
 

@@ -118,3 +118,15 @@ def test_the_flush_evicts_the_l2_and_covers_the_launch_on_its_own():
     assert flush.flush_bytes(l2, 100.0) == 2 * l2  # a slow card: eviction decides
     assert flush.flush_bytes(0, 0.0) == 2 << 20  # no L2 reported: a megabyte, twice
     assert flush.flush_bytes(l2, 3350.001) % 16 == 0
+
+
+def test_a_verdict_says_how_its_flush_was_written():
+    """Where the flush kernel holds every SM, side-stream work waits for it (issue 36, class 6); where it is not
+    loaded or falls short, the verdict says so and what it leaves open (`Timing.flush`)."""
+    from kernelbench_eval.worker.flushkernel import describe_as
+
+    assert describe_as(1056, True, None) == "one kernel holding every SM (1056 blocks)"
+    assert describe_as(None, False, "cuModuleLoadData: CUDA_ERROR_INVALID_CONTEXT (201)").startswith(
+        "zero_ (the flush kernel did not load: cuModuleLoadData: CUDA_ERROR_INVALID_CONTEXT (201))")
+    assert "short of every warp" in describe_as(528, False, None)
+    assert "other streams" in describe_as(None, False, "x") and "other streams" in describe_as(528, False, None)

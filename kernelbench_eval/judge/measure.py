@@ -1,5 +1,4 @@
-"""Stage 4, the harness side of timing: models timed interleaved, a stopping rule, and clocks no candidate
-can reach.
+"""Stage 4, the harness side of timing: models timed interleaved, a stopping rule, clocks no candidate can reach.
 
 Each `TimedModel` is one model in its worker (the reference, its torch.compile, or a candidate). Blocks of
 calls alternate between them (ABBA order), all on the same schedule of rotating inputs, so clock drift
@@ -64,6 +63,7 @@ class TimedModel:
     wall_ms: float = 0.0
     block_gaps: Samples = field(default_factory=Samples)  # per block: wall per call minus reported per call
     graph_error: str | None = None
+    flush: str | None = None  # CUDA: how its flush was written (`TimeReply.flush`)
     replaced: set[str] = field(default_factory=set)  # timing functions its process replaced (`percall.replaced`)
     cpu_ms: float = 0.0  # CPU time the worker's process used during its blocks, from the kernel's accounting
     idle_s: list[float] = field(default_factory=list)  # per block after the first: seconds since its previous ended
@@ -103,7 +103,7 @@ class TimedModel:
         if device:
             self.block_gaps.append((wall_ms - sum(device)) / len(device))
         for reply in replies:
-            self.graph_error = self.graph_error or reply.graph_error
+            self.graph_error, self.flush = self.graph_error or reply.graph_error, reply.flush or self.flush
             self.replaced.update(reply.replaced)
 
     def paired_gaps(self, other: TimedModel) -> Samples:

@@ -219,7 +219,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
         cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
         floor_ms=run.ref.timing.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
-        in_place_calls=timed.in_place if cuda else None, block_calls=timed.calls_per_block,
+        flush=cand.flush, in_place_calls=timed.in_place if cuda else None, block_calls=timed.calls_per_block,
         overlapped_calls=cand.overlapped if cuda else None, late_calls=cand.late if cuda else None,
         ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
         ref_alone_check=agreement.outcome if agreement else None)

@@ -149,6 +149,20 @@ def why_not() -> str | None:
     return _ERRORS.get(torch.cuda.current_device())
 
 
+def describe() -> str:
+    """How the flush before each timed call is written on the current device, as a verdict says it."""
+    k = kernel()
+    return describe_as(k.grid if k else None, bool(k and k.full), why_not())
+
+
+def describe_as(grid: int | None, full: bool, error: str | None) -> str:
+    if grid is None:
+        return f"zero_ (the flush kernel did not load: {error}): work on other streams can run under it"
+    if not full:
+        return f"one kernel of {grid} blocks, short of every warp of every SM: work on other streams can run beside it"
+    return f"one kernel holding every SM ({grid} blocks)"
+
+
 def write(buffer: torch.Tensor, repeats: int, stream: torch.cuda.Stream) -> None:
     """Zero `buffer` (a byte buffer of whole 16-byte words, 16-byte aligned) `repeats` times on `stream`, in one
     launch of the kernel; `repeats` separate `zero_`s where it is not loaded."""

@@ -19,7 +19,7 @@ from kernelbench_eval.common import kbmethod
 from kernelbench_eval.common.carve import ExchangePool
 from kernelbench_eval.messages import Slot, TensorMeta, TimeReply
 from kernelbench_eval.requests import TimeRequest
-from kernelbench_eval.worker import cudagraph, flush, kbtiming, percall, refill
+from kernelbench_eval.worker import cudagraph, flush, flushkernel, kbtiming, percall, refill
 from kernelbench_eval.worker.base import Ops, WorkerBase
 from kernelbench_eval.worker.tensors import _meta, _sync, _torch, as_list
 
@@ -65,6 +65,7 @@ class TimingWorker(WorkerBase):
         if req.warmup:  # a measurement begins: its method (`kbmethod`) holds for its calls, sent without it
             self.timing_method = req.method
         kernelbench = kbmethod.is_kernelbench(self.timing_method)  # KernelBench's: its allocations, its warm-up
+        cuda_flush = self.device == "cuda" and not kernelbench  # the harness's flush (KernelBench's is its own)
         pooled = self._pool(req) if not req.graph and not kernelbench else None
         if pooled is not None:
             flush.l2_flush_buffer()  # made before the pool is in use: it must not take the pool's area
@@ -98,7 +99,8 @@ class TimingWorker(WorkerBase):
         # (the checker's reply says where its own copies lie, which nobody reads: the same bytes to write and
         # parse on the harness's clock as the candidate's, so the clock check compares like with like)
         return self._with_times(TimeReply(ok=True, graph_error=self.graph_error, replaced=percall.replaced(),
-                                          metas=metas, placed=self._placed(req, metas), overwrote=self._overwrote()))
+                                          metas=metas, placed=self._placed(req, metas), overwrote=self._overwrote(),
+                                          flush=flushkernel.describe() if cuda_flush else None))
 
     def settle_answered(self) -> None:
         """Once an overlapped call's reply is written and the next request read: wait for the call's device work,
