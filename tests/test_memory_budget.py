@@ -109,6 +109,10 @@ LATE = HONEST.replace("    def forward(self, x):\n        return torch.tanh(self
         return out if ModelNew.calls <= 4 else out + 0.5''')
 GREEDY = HONEST.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
                                                                    "        return torch.tanh(self.fc(x))")
+# runs out asking for 1 KiB, less than one call's outputs (8 KiB): as a copy of the reference runs out where the
+# harness left it no room (45_Average_Pooling_2D on an 80 GB card); a CUDA allocator's words, raised on the CPU
+NO_ROOM = HONEST.replace("        return torch.tanh(self.fc(x))",
+                         "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.00 KiB.')")
 TOO_BIG = PROBLEM.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
                                                                     "        return torch.tanh(self.fc(x))")
 
@@ -132,7 +136,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], dic
     (root / "p").mkdir()
     (root / "p" / "tanh.py").write_text(PROBLEM)
     (root / "p" / "too_big.py").write_text(TOO_BIG)
-    for problem, candidates in (("tanh", {"honest": HONEST, "late": LATE, "greedy": GREEDY}),
+    for problem, candidates in (("tanh", {"honest": HONEST, "late": LATE, "greedy": GREEDY, "no_room": NO_ROOM}),
                                 ("too_big", {"honest": HONEST})):
         (root / "c" / problem).mkdir(parents=True)
         for name, source in candidates.items():
@@ -143,7 +147,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], dic
 def test_a_forced_small_budget_gives_the_same_verdicts(runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
     free, tight = runs
     assert set(free) == set(tight)
-    for key in free:
+    for key in set(free) - {"tanh/no_room"}:  # the one the budget decides, by design (below)
         same = ("status", "correct", "trials_passed")
         assert {f: free[key][f] for f in same} == {f: tight[key][f] for f in same}, key
     assert free["tanh/honest"]["correct"] and free["tanh/late"]["status"] == "incorrect"
@@ -169,3 +173,27 @@ def test_a_candidate_that_runs_out_is_a_runtime_error_naming_memory(
     for verdicts in runs:
         v = verdicts["tanh/greedy"]
         assert v["status"] == "runtime_error" and "allocate memory" in v["error"], v
+
+
+def test_running_out_where_the_harness_left_no_room_is_skipped_not_blamed(
+        runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
+    """Issue 34: where even the least plan is over the budget, a candidate that ran out asking for no more than
+    the reference's own call takes is `skipped` with the sizes; where the plan fit, the same shortfall is its
+    `runtime_error`, and asking for more (`greedy`: 10^14 bytes) is one either way."""
+    free, tight = runs
+    assert free["tanh/no_room"]["status"] == "runtime_error", free["tanh/no_room"]
+    v = tight["tanh/no_room"]
+    assert v["status"] == "skipped" and not v["correct"], v
+    assert v["error"].startswith("skipped: judging this problem needs about ")
+    assert "over the 0.0 GB budget" in v["error"]
+    assert "asking for 0.0 GB, no more than the reference's own call takes" in v["error"]
+    assert "Tried to allocate 1.00 KiB" in v["error"]
+    assert tight["tanh/greedy"]["status"] == "runtime_error"
+
+
+def test_an_allocators_words_are_read() -> None:
+    assert memory.asked_bytes("CUDA out of memory. Tried to allocate 16.00 GiB. GPU 0 has") == 16 << 30
+    assert memory.asked_bytes("DefaultCPUAllocator: can't allocate memory: you tried to allocate 5000 bytes") == 5000
+    assert memory.asked_bytes("Tried to allocate 512.00 MiB") == 512 << 20 and memory.asked_bytes("no size") is None
+    assert memory.names_memory("OutOfMemoryError: CUDA out of memory.") and memory.names_memory("can't allocate memory")
+    assert not memory.names_memory("illegal memory access")

@@ -118,5 +118,26 @@ def forced_budget() -> int | None:
     return parse_bytes(text) if text else None
 
 
+OUT_OF_MEMORY = ("out of memory", "not enough memory", "can't allocate memory")  # how allocators say it
+_ASKED = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[kmgt]i?b|b)\b", re.IGNORECASE)
+
+
+def names_memory(text: str) -> bool:
+    """Whether an error's text is an allocation that failed (CUDA's caching allocator, the host's)."""
+    low = text.lower()
+    return any(words in low for words in OUT_OF_MEMORY) or "outofmemoryerror" in low
+
+
+def asked_bytes(text: str) -> int | None:
+    """The bytes a failed allocation asked for, as CUDA's ("Tried to allocate 16.00 GiB") or the host's
+    allocator ("you tried to allocate 100000 bytes") says it; None where the text does not say."""
+    found = _ASKED.search(text)
+    if not found:
+        return None
+    unit = found.group(2).lower()
+    scale = 1 if unit in ("b", "bytes") else (1024 if "i" in unit else 1000) ** ("kmgt".index(unit[0]) + 1)
+    return int(float(found.group(1)) * scale)
+
+
 def gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"

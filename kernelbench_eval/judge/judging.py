@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled
+from kernelbench_eval.common import memory
 from kernelbench_eval.common.kbmethod import per_call
 from kernelbench_eval.common.precision import precision_reason
 from kernelbench_eval.judge.candidate_run import CandidateRun, count_launches
@@ -33,6 +34,7 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
         run.findings.distributions = ref.distributions or None  # the trials' (`worker.draws`)
         run.findings.distributions_note = ref.distributions_note
         _doubt_precision(run)
+        _excuse_a_shortfall_of_the_harness(run)
         if run.worker is not None:
             run.findings.memory = ref.lender.memory_record(run.peak_bytes())
         if baseline := ref.baselines.baseline:
@@ -59,3 +61,24 @@ def _doubt_precision(run: CandidateRun) -> None:
     if reason:
         found.status = "suspicious"
         found.error = (found.error + "; " if found.error else "suspicious: ") + reason
+
+
+def _excuse_a_shortfall_of_the_harness(run: CandidateRun) -> None:
+    """A candidate that ran out of memory asking for no more than the reference's own call takes (its outputs and
+    what it allocates beyond them), where even the checker's least resident plan was over the budget, is `skipped`
+    with the sizes: the harness did not leave it the room the reference has, so running out says nothing of the
+    candidate (an identical copy of 45_Average_Pooling_2D on an 80 GB card: 16 GiB asked, the checker holding
+    53 GB). Asking for more, or running out where the plan fit, stays the candidate's `runtime_error` (issue 34)."""
+    found, plan = run.findings, run.ref.lender.residency
+    error = found.error or ""
+    asked = memory.asked_bytes(error)
+    if found.status != "runtime_error" or plan is None or plan.fits or asked is None or not memory.names_memory(error):
+        return
+    reference = plan.output_bytes + plan.transient_bytes
+    if asked > reference:
+        return
+    found.status = "skipped"
+    found.error = (f"skipped: judging this problem needs about {memory.gb(plan.need_bytes)} (the checker and a "
+                   f"candidate at the reference's footprint), over the {memory.gb(plan.budget_bytes)} budget; the "
+                   f"candidate ran out asking for {memory.gb(asked)}, no more than the reference's own call takes "
+                   f"({memory.gb(reference)}): {error}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kernelbench_eval.common.memory import names_memory
 from kernelbench_eval.messages import Slot, TensorMeta
 
 
@@ -56,10 +57,8 @@ def free_memory(device: str) -> int | None:
 def out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is an allocation that failed (CUDA's, or the host's)."""
     oom = getattr(_torch(), "OutOfMemoryError", None)
-    text = str(exc)
     return isinstance(exc, MemoryError) or (oom is not None and isinstance(exc, oom)) or (
-        isinstance(exc, RuntimeError) and any(s in text for s in ("out of memory", "not enough memory",
-                                                                  "can't allocate memory")))
+        isinstance(exc, RuntimeError) and names_memory(str(exc)))
 
 
 def peak_memory(device: str, reset: bool = False) -> int:
