@@ -109,7 +109,7 @@ LATE = HONEST.replace("    def forward(self, x):\n        return torch.tanh(self
         return out if ModelNew.calls <= 4 else out + 0.5''')
 GREEDY = HONEST.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
                                                                    "        return torch.tanh(self.fc(x))")
-# runs out asking for 1 KiB, less than one call's outputs (8 KiB): as a copy of the reference runs out where the
+# runs out asking for 1 KiB, less than an input set (8 KiB): as a copy of the reference runs out where the
 # harness left it no room (45_Average_Pooling_2D on an 80 GB card); a CUDA allocator's words, raised on the CPU
 NO_ROOM = HONEST.replace("        return torch.tanh(self.fc(x))",
                          "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.00 KiB.')")
@@ -178,15 +178,15 @@ def test_a_candidate_that_runs_out_is_a_runtime_error_naming_memory(
 def test_running_out_where_the_harness_left_no_room_is_skipped_not_blamed(
         runs: tuple[dict[str, dict], dict[str, dict]]) -> None:
     """Issue 34: where even the least plan is over the budget, a candidate that ran out asking for no more than
-    the reference's own call takes is `skipped` with the sizes; where the plan fit, the same shortfall is its
-    `runtime_error`, and asking for more (`greedy`: 10^14 bytes) is one either way."""
+    an input set or the reference's own call takes is `skipped` with the sizes; where the plan fit, the same
+    shortfall is its `runtime_error`, and asking for more (`greedy`: 10^14 bytes) is one either way."""
     free, tight = runs
     assert free["tanh/no_room"]["status"] == "runtime_error", free["tanh/no_room"]
     v = tight["tanh/no_room"]
     assert v["status"] == "skipped" and not v["correct"], v
     assert v["error"].startswith("skipped: judging this problem needs about ")
     assert "over the 0.0 GB budget" in v["error"]
-    assert "asking for 0.0 GB, no more than the reference's own call takes" in v["error"]
+    assert "asking for 0.0 GB, no more than an input set or the reference's own call takes" in v["error"]
     assert "Tried to allocate 1.00 KiB" in v["error"]
     assert tight["tanh/greedy"]["status"] == "runtime_error"
 

@@ -64,21 +64,23 @@ def _doubt_precision(run: CandidateRun) -> None:
 
 
 def _excuse_a_shortfall_of_the_harness(run: CandidateRun) -> None:
-    """A candidate that ran out of memory asking for no more than the reference's own call takes (its outputs and
-    what it allocates beyond them), where even the checker's least resident plan was over the budget, is `skipped`
-    with the sizes: the harness did not leave it the room the reference has, so running out says nothing of the
-    candidate (an identical copy of 45_Average_Pooling_2D on an 80 GB card: 16 GiB asked, the checker holding
-    53 GB). Asking for more, or running out where the plan fit, stays the candidate's `runtime_error` (issue 34)."""
+    """A candidate that ran out of memory asking for no more than an input set or the reference's own call takes
+    (its outputs and what it allocates beyond them), where even the checker's least resident plan was over the
+    budget, is `skipped` with the sizes: the harness did not leave it the room its own protocol needs (a copy of
+    the inputs in the candidate's process) or the reference has, so running out says nothing of the candidate
+    (an identical copy of 45_Average_Pooling_2D on an 80 GB card: 16 GiB asked for its copy of the 17.2 GB input,
+    the checker holding 53 GB). Asking for more, or running out where the plan fit, stays the candidate's
+    `runtime_error` (issue 34)."""
     found, plan = run.findings, run.ref.lender.residency
     error = found.error or ""
     asked = memory.asked_bytes(error)
     if found.status != "runtime_error" or plan is None or plan.fits or asked is None or not memory.names_memory(error):
         return
-    reference = plan.output_bytes + plan.transient_bytes
-    if asked > reference:
+    room = max(plan.input_bytes, plan.output_bytes + plan.transient_bytes)
+    if asked > room:
         return
     found.status = "skipped"
     found.error = (f"skipped: judging this problem needs about {memory.gb(plan.need_bytes)} (the checker and a "
                    f"candidate at the reference's footprint), over the {memory.gb(plan.budget_bytes)} budget; the "
-                   f"candidate ran out asking for {memory.gb(asked)}, no more than the reference's own call takes "
-                   f"({memory.gb(reference)}): {error}")
+                   f"candidate ran out asking for {memory.gb(asked)}, no more than an input set or the reference's "
+                   f"own call takes ({memory.gb(room)}): {error}")
