@@ -370,7 +370,7 @@ def measure_in_session(bench: Bench) -> None:
     from kernelbench_eval.discover.corpus import discover
     from kernelbench_eval.judge.baselines import BaselineStore
     from kernelbench_eval.judge.candidate_run import CandidateRun
-    from kernelbench_eval.judge.judging import ReferenceSide, Secrets
+    from kernelbench_eval.judge.judging import ReferenceSide, Secrets, apply_timed
     from kernelbench_eval.judge.measure import Deadline
     from kernelbench_eval.judge.timing_stage import time_candidate
     from kernelbench_eval.records import RunSettings
@@ -386,7 +386,9 @@ def measure_in_session(bench: Bench) -> None:
                 for _ in range(repeats):
                     run.findings, run.deadline = base.model_copy(deep=True), Deadline(args.timeout)
                     started = time.monotonic()
-                    time_candidate(run)
+                    timed = time_candidate(run)
+                    if timed is not None:
+                        apply_timed(run.findings, timed)
                     done.append((run.findings, time.monotonic() - started))
                     if run.findings.status not in ("ok", "suspicious"):
                         break

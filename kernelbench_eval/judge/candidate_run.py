@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled, build_lock, extension_env, private_triton
@@ -22,7 +23,7 @@ from kernelbench_eval.judge.checker import ReferenceFailure
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference_side import ReferenceSide
 from kernelbench_eval.messages import CheckResult
-from kernelbench_eval.records import Findings
+from kernelbench_eval.records import Findings, KernelCount
 from kernelbench_eval.requests import ExportRequest, ProfileRequest, RunRequest
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
@@ -177,7 +178,15 @@ class CandidateRun:
             self.findings.mean_abs_diff = max(self.findings.mean_abs_diff or 0.0, mean_diff or 0.0)
 
 
-def count_launches(run: CandidateRun) -> None:
+@dataclass(frozen=True)
+class Launches:
+    """What ran in one forward of a correct candidate (`launches`), or why that is not known."""
+
+    kernels: KernelCount | None
+    warning: str | None
+
+
+def count_launches(run: CandidateRun) -> Launches:
     """What ran in one forward of a correct candidate: its own kernels or library ones (`launches`)."""
     from kernelbench_eval.common.launches import warning_for
 
@@ -186,7 +195,8 @@ def count_launches(run: CandidateRun) -> None:
     try:  # accounting, not judging: a profiler that fails leaves the verdict as it was, with a note
         name = run.ref.lender.timing_sets()[0]  # a set it holds after the timing (trial sets are dropped by then)
         reply = run.worker.call(ProfileRequest(name=name, warmup=1), run.deadline.left())
-        run.findings.kernels, run.findings.kernels_warning = reply.kernels, warning_for(reply.kernels)
+        return Launches(reply.kernels, warning_for(reply.kernels))
     except WorkerFailure as exc:
-        run.findings.kernels_warning = f"launch accounting failed: {exc.message}"[:300]
-    run.phases["profile"] = time.perf_counter() - started
+        return Launches(None, f"launch accounting failed: {exc.message}"[:300])
+    finally:
+        run.phases["profile"] = time.perf_counter() - started

@@ -17,19 +17,22 @@ from kernelbench_eval.common.kbmethod import per_call
 from kernelbench_eval.common.precision import precision_reason
 from kernelbench_eval.judge.candidate_run import CandidateRun, count_launches
 from kernelbench_eval.judge.reference_side import ReferenceSide, Secrets, describe_problem
-from kernelbench_eval.judge.timing_stage import time_candidate
+from kernelbench_eval.judge.timing_stage import TimedResult, time_candidate
 from kernelbench_eval.records import Findings
 
-__all__ = ["ReferenceSide", "Secrets", "describe_problem", "judge"]
+__all__ = ["ReferenceSide", "Secrets", "apply_timed", "describe_problem", "judge"]
 
 
 def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> Findings:
     """Check every trial, then (only when all pass) time the candidate against the reference."""
     with CandidateRun(ref, build, path, log, timeout) as run:
         if run.start() and run.check_trials():
-            time_candidate(run)
-            if run.findings.correct and ref.settings.account_launches:
-                count_launches(run)
+            timed = time_candidate(run)
+            if timed is not None:
+                apply_timed(run.findings, timed)
+                if ref.settings.account_launches:
+                    launches = count_launches(run)
+                    run.findings.kernels, run.findings.kernels_warning = launches.kernels, launches.warning
         run.findings.problem_warning = ref.warning
         run.findings.distributions = ref.distributions or None  # the trials' (`worker.draws`)
         run.findings.distributions_note = ref.distributions_note
@@ -45,6 +48,18 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
         if run.findings.timing is not None:
             run.findings.timing.phases = {k: round(v, 4) for k, v in run.phases.items()}
         return run.findings
+
+
+def apply_timed(found: Findings, timed: TimedResult) -> None:
+    """The timing stage's result into the verdict: correct (every timed call was), its figures, its doubts."""
+    found.correct, found.timing = True, timed.timing
+    found.runtime_ms, found.runtime_stats = timed.runtime_ms, timed.runtime_stats
+    found.ref_runtime_ms, found.ref_runtime_stats = timed.ref_runtime_ms, timed.ref_runtime_stats
+    found.speedup = found.speedup_vs_eager = timed.speedup
+    found.speedup_vs_eager_ci = timed.timing.speedup_ci
+    found.speedup_vs_compile, found.speedup_vs_compile_ci = timed.speedup_vs_compile, timed.speedup_vs_compile_ci
+    if timed.doubts:
+        found.status, found.error = "suspicious", "suspicious: " + "; ".join(timed.doubts)
 
 
 def _doubt_precision(run: CandidateRun) -> None:

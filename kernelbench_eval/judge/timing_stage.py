@@ -62,24 +62,41 @@ class _Timed:
     agreement: Agreement | None = None
 
 
-def time_candidate(run: CandidateRun) -> None:
+@dataclass(frozen=True)
+class TimedResult:
+    """What the timing stage settles about a candidate whose every timed call was right: its figures, and why they
+    are doubted, if they are. `judging` assembles the verdict from it."""
+
+    timing: Timing
+    runtime_ms: float
+    runtime_stats: TimingStats
+    ref_runtime_ms: float
+    ref_runtime_stats: TimingStats
+    speedup: float | None
+    speedup_vs_compile: float | None = None
+    speedup_vs_compile_ci: tuple[float, float] | None = None
+    doubts: tuple[str, ...] = ()  # each a reason the verdict is `suspicious`
+
+
+def time_candidate(run: CandidateRun) -> TimedResult | None:
     """Measure, and measure again once when the clocks disagree or the reference was slowed beside the candidate:
     a tampered timer or a disturbed reference does it every time, a burst of host load (a busy CPU box) rarely
-    twice. Only the last measurement is reported."""
+    twice. Only the last measurement is reported. None when a timed call's output was wrong (the candidate is
+    then `incorrect`, with the call)."""
     with run.stage("timing"):
         assert run.worker is not None
         run.ref.lender.feed(run.worker, run.ref.lender.timing_sets(), run.deadline, drop=True)
         for attempt in (1, 2):
             timed = _measure_once(run)
             if timed is None:
-                return
+                return None
             verdict = assess(timed.ref, timed.cand, run.ref.settings.device, run.ref.timing.floor_ms(),
                              run.ref.settings.threads, run.ref.settings.timing)
             timed.agreement = _check_reference(run, timed)
             disturbed = timed.agreement is not None and timed.agreement.outcome == "disturbed"
             if (verdict.speedup_trusted and not disturbed) or attempt == 2:
-                _record(run, timed, verdict, attempt)
-                return
+                return _record(run, timed, verdict, attempt)
+    return None
 
 
 def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
@@ -172,8 +189,8 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
                   calls_per_block)
 
 
-def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> None:
-    ref, cand, settings, findings = timed.ref, timed.cand, run.ref.settings, run.findings
+def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> TimedResult:
+    ref, cand, settings = timed.ref, timed.cand, run.ref.settings
     method, mean = settings.timing, kbmethod.is_kernelbench(settings.timing)  # KernelBench's: every time a mean
 
     def per_call(samples: list[float]) -> float:
@@ -196,7 +213,7 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
     latency, ref_latency = cand.latency_ms(), ref.latency_ms()
     latency_speedup = per_call(ref_latency) / per_call(latency) if speedup and latency else None
     basis = kbmethod.basis(method, settings.device, len(cand.event_ms)) if mean else "device" if cuda else "wall"
-    findings.timing = Timing(
+    timing = Timing(
         candidate=stats, reference=ref_stats, speedup=speedup, basis=basis,
         latency_ms=per_call(latency) if latency else None,
         ref_latency_ms=per_call(ref_latency) if ref_latency else None,
@@ -223,18 +240,16 @@ def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int
         overlapped_calls=cand.overlapped if cuda else None, late_calls=cand.late if cuda else None,
         ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
         ref_alone_check=agreement.outcome if agreement else None)
-    findings.ref_runtime_ms, findings.ref_runtime_stats = ref_ms, ref_stats
-    findings.correct, findings.runtime_ms, findings.runtime_stats = True, verdict.runtime_ms, stats
-    findings.speedup = findings.speedup_vs_eager = speedup
-    findings.speedup_vs_eager_ci = findings.timing.speedup_ci
+    versus_compile, versus_compile_ci = None, None
     base = run.ref.baselines.baseline
     if speedup and base and base.compiled:
-        findings.speedup_vs_compile = per_call(base.compiled_samples) / per_call(base.eager_samples) * speedup
-        findings.speedup_vs_compile_ci = widened(chained_speedup_ci(
-            base.compiled_samples, base.eager_samples, ref.event_ms, shifted, mean),
-            findings.speedup_vs_compile, between, shorter, settings.device)
-    if reasons:
-        findings.status, findings.error = "suspicious", "suspicious: " + "; ".join(reasons)
+        versus_compile = per_call(base.compiled_samples) / per_call(base.eager_samples) * speedup
+        versus_compile_ci = widened(chained_speedup_ci(base.compiled_samples, base.eager_samples, ref.event_ms,
+                                                       shifted, mean), versus_compile, between, shorter,
+                                    settings.device)
+    return TimedResult(timing=timing, runtime_ms=verdict.runtime_ms, runtime_stats=stats, ref_runtime_ms=ref_ms,
+                       ref_runtime_stats=ref_stats, speedup=speedup, speedup_vs_compile=versus_compile,
+                       speedup_vs_compile_ci=versus_compile_ci, doubts=tuple(reasons))
 
 
 def placed_slots(slots: list[Slot], placed: list[Slot] | None, exchange_bytes: int) -> list[Slot] | None:
