@@ -6,7 +6,7 @@ candidate), then:
 
 (a) measures each with the harness `--repeats` times and reports the median of the medians, their
     coefficient of variation, how long timing one candidate took, and how many calls it timed. By default
-    (`--mode session`) each kernel is compiled, checked and timed by the harness's own ProblemSession, as
+    (`--mode session`) each kernel is compiled, checked and timed by the harness's own session (`CandidateRun`), as
     `kbeval run` does, with the timing stage repeated on the same workers; `--mode runs` makes every repeat a
     separate `kbeval run` instead (also catching what differs between processes, but each run spends about
     15 s per kernel starting workers, so ten runs of five kernels take some 14 minutes on an H100);
@@ -743,10 +743,11 @@ def how_measured(meta: dict[str, Any]) -> str:
                 f"settings) in {meta['repeats']} separate runs. *Our median*: the median over the runs of each "
                 "run's `runtime_ms`; *CV*: sample standard deviation of those run medians over their mean")
     else:
-        ours = (f"compiled, checked and timed in the harness's own session (`ProblemSession.judge`, settings as "
-                f"`kbeval run --device {meta['device']} {' '.join(HARNESS_FLAGS)}`, default timing settings), "
-                f"with the timing stage (`ProblemSession._time`: interleaved candidate and reference lanes, "
-                f"stopping rule, timed calls checked) repeated {meta['repeats']} times on the same two workers. "
+        ours = (f"compiled, checked and timed in the harness's own session (`judge.candidate_run.CandidateRun`, "
+                f"settings as `kbeval run --device {meta['device']} {' '.join(HARNESS_FLAGS)}`, default timing "
+                f"settings), with the timing stage (`judge.timing_stage.time_candidate`: interleaved candidate and "
+                f"reference lanes, stopping rule, timed calls checked) repeated {meta['repeats']} times on the same "
+                "two workers. "
                 "*Our median*: the median of the repeats' `runtime_ms`; *CV*: sample standard deviation of the "
                 f"{meta['repeats']} medians over their mean (same processes, so it leaves out what changes "
                 "between runs: allocation addresses, process start-up; `--mode runs` measures that, slowly)")

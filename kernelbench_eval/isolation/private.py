@@ -85,7 +85,7 @@ def seal_inputs(folder: Path) -> dict[str, str]:
 def copy_sealed(src: Path, dst: Path, names: list[str], seal: dict[str, str]) -> None:
     """Copy the named input files, each verified against `seal` as copied; `InputsAltered` on a mismatch.
 
-    For evaluate.py (ProblemSession.judge): copies are checked as they are made, so a file altered after
+    For judging (`judge.candidate_run`): copies are checked as they are made, so a file altered after
     the seal is never handed to a candidate (the session is then reopened, regenerating its inputs).
     """
     import hashlib
