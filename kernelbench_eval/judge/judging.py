@@ -88,11 +88,10 @@ def _excuse_a_shortfall_of_the_harness(run: CandidateRun) -> None:
     `runtime_error` (issue 34)."""
     found, plan = run.findings, run.ref.lender.residency
     error = found.error or ""
-    asked = memory.asked_bytes(error)
-    if found.status != "runtime_error" or plan is None or plan.fits or asked is None or not memory.names_memory(error):
+    if found.status != "runtime_error" or plan is None or plan.fits or not memory.names_memory(error):
         return
-    room = max(plan.input_bytes, plan.output_bytes + plan.transient_bytes)
-    if asked > room:
+    asked, room = memory.asked_bytes(error), max(plan.input_bytes, plan.output_bytes + plan.transient_bytes)
+    if asked is None or asked > room:
         return
     found.status = "skipped"
     found.error = (f"skipped: judging this problem needs about {memory.gb(plan.need_bytes)} (the checker and a "

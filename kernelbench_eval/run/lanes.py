@@ -22,6 +22,7 @@ import torch
 from kernelbench_eval.budgets import Budgets
 from kernelbench_eval.building.compile import Compiled, compile_candidate
 from kernelbench_eval.building.jitwarmup import WarmupSpec
+from kernelbench_eval.common.memory import names_memory
 from kernelbench_eval.discover.corpus import Candidate, Problem
 from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation import gpus as gpu_env
@@ -47,7 +48,6 @@ class LaneConfig:
 
 MAX_OPEN = 3  # references a lane keeps open at most
 MEMORY_SHARE = 0.25  # of the device's memory, for the inputs and expected outputs of the references kept open
-OUT_OF_MEMORY = "out of memory"  # in a reference's error: it did not fit beside the others kept open
 
 
 @dataclass
@@ -127,7 +127,7 @@ class EvalLane:
         self._evict(room_for_one=True)
         ref = self._open(problem, ref_log)
         plan = ref.lender.residency
-        if self.refs and (ref.error and OUT_OF_MEMORY in ref.error or plan and not plan.fits):
+        if self.refs and (ref.error and names_memory(ref.error) or plan and not plan.fits):  # others hold it
             ref.close()  # the references kept open hold memory this one needs: theirs back first, then once more
             self.close()
             ref = self._open(problem, ref_log)

@@ -29,8 +29,7 @@ def flush_bytes(l2_bytes: int, bandwidth_gbs: float) -> int:
 
 
 def l2_flush_buffer() -> torch.Tensor:
-    """The byte buffer written (in part, `flush_for`) before each timed call: as large as the flush of a call
-    with nothing ahead of it. Made once per process."""
+    """The byte buffer written whole before each timed call (`flush_bytes`). Made once per process."""
     if not _FLUSH:
         _FLUSH.append(torch.empty(flush_bytes(_l2_bytes(), memory_bandwidth_gbs() or 0), dtype=torch.uint8,
                                   device="cuda"))
