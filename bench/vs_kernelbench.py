@@ -147,10 +147,10 @@ def summarize(kb: dict, cold: dict, warm: dict | None, count: int) -> tuple[list
 
 
 def section_text(header: list[str], body: list[str], numbers: dict, title: str = SECTION) -> str:
-    """The run's block: what ran, the tables, and the ratio lines the issue names, last."""
-    return "\n".join([title, "", *header, "", *body, "", "```",
+    """The run's block: the ratio lines the issue names first (issue 38), then what ran and the tables."""
+    return "\n".join([title, "", "```",
                       *(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in numbers.items()),
-                      "```", ""])
+                      "```", "", *header, "", *body, ""])
 
 
 def main() -> None:

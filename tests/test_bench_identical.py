@@ -75,7 +75,8 @@ def test_write_section_replaces_only_its_own(tmp_path):
 
 
 def test_a_kept_section_puts_the_new_run_first_and_the_earlier_ones_below(tmp_path):
-    """bench/vs_kernelbench.py's section: the latest ratio lines first, earlier runs and readings not erased."""
+    """bench/vs_kernelbench.py's section: the latest ratio lines at its top (issue 38), then the run's tables,
+    earlier runs and readings not erased."""
     import vs_kernelbench
 
     md = tmp_path / "b.md"
@@ -83,7 +84,7 @@ def test_a_kept_section_puts_the_new_run_first_and_the_earlier_ones_below(tmp_pa
     text = vs_kernelbench.section_text(["run 2"], ["| t |"], {"vs_kernelbench_cold_ratio": 2.2171})
     write_section(md, "## vs KernelBench", text, keep_previous=True)
     doc = md.read_text()
-    assert doc.startswith("# B\n\n## vs KernelBench\n\nrun 2\n\n| t |\n\n```\nvs_kernelbench_cold_ratio: 2.22\n```\n")
+    assert doc.startswith("# B\n\n## vs KernelBench\n\n```\nvs_kernelbench_cold_ratio: 2.22\n```\n\nrun 2\n\n| t |\n")
     assert doc.index("vs_kernelbench_cold_ratio: 2.22") < doc.index("run 1") < doc.index("### Reading run 1")
     assert doc.endswith("slow\n\n## Later\n\nkept\n") and doc.count("## vs KernelBench\n") == 1
     write_section(md, "## Later", "## Later\n\nnew\n")  # without keep_previous, a section is replaced

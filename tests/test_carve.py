@@ -15,7 +15,7 @@ from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets
 from kernelbench_eval.judge.measure import block_calls
 from kernelbench_eval.judge.timing_stage import placed_slots
-from kernelbench_eval.messages import Slot, TensorMeta
+from kernelbench_eval.messages import MemoryPlan, Slot, TensorMeta
 from kernelbench_eval.records import RunSettings
 from kernelbench_eval.worker.placing import ExchangeOutputs
 
@@ -120,22 +120,23 @@ def test_a_block_of_several_calls_leaves_each_in_place_and_says_when_one_lies_ov
     exchange.close()
 
 
-def test_large_outputs_left_in_place_share_a_block_that_divides_the_window():
-    """Copied, outputs over half the kept budget are a block each; left in place, as many as IN_PLACE_BYTES holds,
-    rounded down to a divisor of the 10-call window (71_Conv2d's 520 MB: five). Small outputs are copied in
-    blocks of ten, in place or not."""
-    assert block_calls(520 << 20) == 1 and block_calls(520 << 20, in_place=True) == 5
-    assert block_calls(1 << 30, in_place=True) == 2  # three would fit: not a divisor of 10
-    assert block_calls(4 << 30, in_place=True) == 1
-    assert block_calls(1 << 20, in_place=True) == block_calls(1 << 20) == 10
-    assert block_calls(200 << 20, in_place=True) == block_calls(200 << 20) == 2  # copied: a pool only for the large
+def test_large_outputs_on_a_gpu_share_a_block_that_divides_the_window():
+    """On the CPU, outputs over half the kept budget are a block each; on a GPU (copied into the exchange or left
+    in place), as many as DEVICE_BLOCK_BYTES holds, rounded down to a divisor of the 10-call window (71_Conv2d's
+    520 MB: five). Small outputs go in blocks of ten on either."""
+    assert block_calls(520 << 20) == 1 and block_calls(520 << 20, "cuda") == 5
+    assert block_calls(1 << 30, "cuda") == 2  # three would fit: not a divisor of 10
+    assert block_calls(4 << 30, "cuda") == 1
+    assert block_calls(1 << 20, "cuda") == block_calls(1 << 20) == 10
+    assert block_calls(200 << 20, "cuda") == block_calls(200 << 20) == 2  # within the kept budget: the same
 
 
 def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_path, monkeypatch):
-    """71_Conv2d's outputs on a GPU, outputs in place asked for (KBEVAL_IN_PLACE=1): five calls to a block where a
-    quarter of the device holds their pool area (an H100), one where only a block of one fits (a 16 GB card),
-    copied blocks where CUDA IPC was refused or on the CPU. The reference's own blocks follow the same rule, so
-    alone it keeps its candidates' cadence. Not asked for (the default), blocks are copied."""
+    """71_Conv2d's outputs on a GPU, outputs in place asked for (KBEVAL_IN_PLACE=1): five calls to a block with
+    their pool area where a quarter of the device holds it (an H100), one where only a block of one fits (a 16 GB
+    card), none where CUDA IPC was refused; copied blocks hold five calls too (the memory plan counts them), one
+    on the CPU and where the plan does not fit. The reference's own blocks follow the same rule, so alone it keeps
+    its candidates' cadence. Not asked for (the default), blocks are copied."""
     problem = Problem("71", tmp_path / "p.py", "0" * 64)
     monkeypatch.setenv(IN_PLACE_VAR, "1")
     settings = RunSettings(device="cuda")
@@ -147,16 +148,22 @@ def test_a_lane_takes_the_largest_in_place_block_its_device_has_room_for(tmp_pat
         lender.learn_outputs([[TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32",
                                           shape=[128, 64, 126, 126])]], None)
         lender.learn_device(80 << 30)
-        assert lender.calls_per_block() == 5 and lender.calls_per_block(in_place=False) == 1
+        assert lender.calls_per_block() == 5 and lender.calls_per_block(in_place=False) == 5
+        assert lender._in_place_block()[0] == 5
         lender.learn_device(16 << 30)
-        assert lender.calls_per_block() == 1
+        assert lender._in_place_block()[0] == 1 and lender.calls_per_block() == 1
         lender.learn_device(80 << 30)
         lender.refuse_ipc("refused here")
-        assert lender.calls_per_block() == 1
+        assert lender._in_place_block() == (0, 0) and lender.calls_per_block() == 5
+        lender.residency = MemoryPlan(trial_inputs=False, expected=False, timing_sets=1, placements=1,
+                                      need_bytes=100 << 30, budget_bytes=80 << 30, fits=False, resident_bytes=0,
+                                      input_bytes=0, output_bytes=0, transient_bytes=0)
+        assert lender.calls_per_block() == 1  # the plan is over the budget already: no block beyond one call
+        lender.residency = None
         lender.settings = RunSettings(device="cpu")
         assert lender.calls_per_block() == 1
         lender.settings, lender.ipc = settings, True
         monkeypatch.delenv(IN_PLACE_VAR)
-        assert lender.calls_per_block() == 1  # the default: no pool area, outputs copied
+        assert lender._in_place_block() == (0, 0) and lender.calls_per_block() == 5  # the default: copied
     finally:
         ref.close()

@@ -118,6 +118,29 @@ def test_the_flush_evicts_the_l2_and_covers_the_launch_on_its_own():
     assert flush.flush_bytes(l2, 100.0) == 2 * l2  # a slow card: eviction decides
     assert flush.flush_bytes(0, 0.0) == 2 << 20  # no L2 reported: a megabyte, twice
     assert flush.flush_bytes(l2, 3350.001) % 16 == 0
+    assert flush.evict_bytes(l2) == 2 * l2 and flush.evict_bytes(0) == 2 << 20 and flush.evict_bytes(1000) % 16 == 0
+
+
+def test_the_flush_kernel_holds_the_whole_cover_and_zero_writes_it(monkeypatch):
+    """Where the flush kernel loads, it is launched once per call with the harness's cover (FLUSH_COVER_S at least),
+    which it holds by the device's clock; where it does not, `zero_` writes its buffer as many times as the cover
+    takes at peak bandwidth (`repeats_for`)."""
+    from kernelbench_eval.worker import flushkernel
+
+    launched, buffer = [], torch.empty(300_000_000, dtype=torch.uint8, device="meta")
+    monkeypatch.setattr(flush, "l2_flush_buffer", lambda: buffer)
+    monkeypatch.setattr(flushkernel, "kernel", lambda: object())
+    monkeypatch.setattr(flushkernel, "launch", lambda b, cover_s, stream: launched.append((b, cover_s, stream)))
+    flush.write(0.42e-3, "stream")  # type: ignore[arg-type]
+    flush.write(0.0, "stream")  # type: ignore[arg-type]
+    assert launched == [(buffer, 0.42e-3, "stream"), (buffer, flush.FLUSH_COVER_S, "stream")]
+    zeroed = []
+    monkeypatch.setattr(flushkernel, "kernel", lambda: None)
+    monkeypatch.setattr(flush.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(flush, "memory_bandwidth_gbs", lambda: 3000.0)
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda self: zeroed.append(self) or self)
+    flush.write(flush.FLUSH_COVER_S + 0.25e-3, "stream")  # type: ignore[arg-type]
+    assert len(zeroed) == 1 + 3 and len(launched) == 2  # 0.1 ms a write at 3000 GB/s
 
 
 def test_a_verdict_says_how_its_flush_was_written():

@@ -32,7 +32,7 @@ BUDGET_VAR = "KBEVAL_MEMORY_BUDGET"  # bytes the checker and a candidate may use
 SHARE = 0.9  # of the device's free memory when the checker starts (the CUDA contexts and the allocator's slack
 FIXED_BYTES = 1 << 30  # per process: its CUDA context, the flush buffer, the allocator's rounding
 KEPT_BYTES = 512 << 20  # a timing block keeps a copy of every call's outputs until it is checked (`measure`)
-IN_PLACE_BYTES = 3 << 30  # ...or, left in place in the exchange (CUDA), the outputs themselves
+DEVICE_BLOCK_BYTES = 3 << 30  # ...on a GPU, within this (copied into the exchange, or left in place there)
 BLOCK_CALLS = 10  # calls a timing block holds at most (`measure.BLOCK_CALLS`)
 
 
@@ -82,9 +82,9 @@ def peak_bytes(fp: Footprint, trial_inputs: bool, expected: bool, timing_sets: i
 
 
 def block_bytes(output_bytes: int, device: str) -> int:
-    """The most a timing block's outputs take (`measure.block_calls`: up to BLOCK_CALLS calls within KEPT_BYTES,
-    or within IN_PLACE_BYTES where a CUDA exchange keeps them in place), at least one call's."""
-    cap = IN_PLACE_BYTES if device == "cuda" else KEPT_BYTES
+    """The most a timing block's outputs take (`measure.block_calls`: up to BLOCK_CALLS calls within KEPT_BYTES
+    on the CPU, within DEVICE_BLOCK_BYTES on a GPU), at least one call's."""
+    cap = DEVICE_BLOCK_BYTES if device == "cuda" else KEPT_BYTES
     return max(output_bytes, min(output_bytes * BLOCK_CALLS, cap))
 
 

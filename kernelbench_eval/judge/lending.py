@@ -84,9 +84,14 @@ class Lender:
     def calls_per_block(self, in_place: bool = True) -> int:
         """Calls a timing block holds (`measure.block_calls`): with `in_place`, as this lane's candidates are timed
         (large outputs left in place where CUDA IPC lends the exchange and the device has room for its pool
-        area), so that the reference alone keeps their cadence; else as where outputs are copied."""
+        area), so that the reference alone keeps their cadence; else as where outputs are copied: on a GPU in blocks
+        the memory plan counted (`memory.block_bytes`), one call's where even its least resident plan is over the
+        budget."""
         calls, area = self._in_place_block() if in_place else (0, 0)
-        return calls if area else block_calls(self.output_bytes())
+        if area:
+            return calls
+        over = self.residency is not None and not self.residency.fits
+        return block_calls(self.output_bytes(), "cpu" if over else self.settings.device)
 
     def _in_place_block(self) -> tuple[int, int]:
         """(calls, pool area bytes) of the largest in-place block the device has room for; (0, 0): none (outputs
@@ -99,7 +104,7 @@ class Lender:
             return 0, 0
         plan = self.residency
         spare = plan.budget_bytes - plan.need_bytes if plan else None
-        for calls in sorted({block_calls(self.output_bytes(), in_place=True), 1}, reverse=True):  # the most that fit
+        for calls in sorted({block_calls(self.output_bytes(), "cuda"), 1}, reverse=True):  # the most that fit
             area = pool_bytes(self._slots(calls), self.output_bytes(), self.memory_bytes, calls)
             if area and (spare is None or area <= spare):
                 return calls, area

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kernelbench_eval.common import kbmethod
-from kernelbench_eval.common.memory import IN_PLACE_BYTES, KEPT_BYTES
+from kernelbench_eval.common.memory import DEVICE_BLOCK_BYTES, KEPT_BYTES
 from kernelbench_eval.common.stats import WINDOW, Samples
 from kernelbench_eval.isolation import cores, gpus, linux
 from kernelbench_eval.isolation.process import WorkerProcess
@@ -136,18 +136,16 @@ class Deadline:
         return max(self.end - time.monotonic(), 0.1)
 
 
-def block_calls(output_bytes: int, in_place: bool = False) -> int:
-    """Calls per block: as many as fit the kept-output budget, at most BLOCK_CALLS.
-
-    Outputs over half that budget (71_Conv2d's 520 MB) are a block each when copied. Left where the candidate's
-    calls put them (`in_place`: a CUDA exchange with a pool area, `carve`), they cost no copy, and a block holds
-    as many as IN_PLACE_BYTES allows, a divisor of the window (`stats.WINDOW`) so that a block never straddles
-    two windows: the GPU's switch between the two models' processes (0.15 ms) and a block's round trips are
-    then paid once a block, not once a call."""
+def block_calls(output_bytes: int, device: str = "cpu") -> int:
+    """Calls per block: as many as fit the kept-output budget (KEPT_BYTES; on a GPU DEVICE_BLOCK_BYTES, which the
+    memory plan counts), at most BLOCK_CALLS. On a GPU a block of outputs over KEPT_BYTES holds a divisor of the
+    window (`stats.WINDOW`), so that it never straddles two windows: the switch between the two models'
+    processes (0.15 ms) and a block's round trips are then paid once a block, not once a call, and its calls can
+    be answered as they are launched (`overlaps`). 71_Conv2d's 520 MB outputs: five calls a block, not one."""
     copied = max(1, min(BLOCK_CALLS, KEPT_BYTES // max(output_bytes, 1)))
-    if not in_place or copied > 1:
+    if device != "cuda" or copied > 1:
         return copied
-    fits = max(1, IN_PLACE_BYTES // max(output_bytes, 1))
+    fits = max(1, DEVICE_BLOCK_BYTES // max(output_bytes, 1))
     return max(d for d in range(1, WINDOW + 1) if WINDOW % d == 0 and d <= fits)
 
 

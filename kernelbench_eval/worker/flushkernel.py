@@ -5,11 +5,14 @@ one, even): they start as soon as they are queued, while the flush that covers t
 running, before the start event. `torch.zero_` writes the flush in many short blocks, so the candidate's blocks
 are scheduled between them (or ahead of them, from a higher-priority stream): a 0.3 ms matmul timed from the
 start event measured what outlasted the flush. This kernel is launched with as many resident blocks as every SM
-holds (the warps of an SM all taken: `full`), each writing its share of the buffer (four 16-byte words a
-thread a step) `repeats` times in one launch,
-so no other kernel's block can be resident until it ends; stream priority orders pending blocks, it never evicts
-running ones. With the host waiting for the refill before it calls the model (`percall.launch`), nothing the call
-launches can run before the flush has all but ended.
+holds (the warps of an SM all taken: `full`), each writing its share of the eviction buffer (four 16-byte words
+a thread a step) and then waiting on the device's clock until the launch cover has passed, so no other kernel's
+block can be resident until it ends; stream priority orders pending blocks, it never evicts running ones.
+Waiting on the clock, rather than writing the buffer again and again until the cover is spent (as `zero_`
+must), makes the cover as long as asked and no longer: the repeated writes ran at about a third of the
+bandwidth they were sized for on an H200, and a 0.42 ms cover took 1.3 ms (2026-11-28, 71_Conv2d). With the
+host waiting for the refill before it calls the model (`percall.launch`), nothing the call launches can run
+before the flush has all but ended.
 
 It is PTX, compiled by the driver when first used (milliseconds, no compiler needed); where the driver cannot
 be reached the flush falls back to `zero_`, and `holds_every_sm()` says so.
@@ -30,17 +33,18 @@ _PTX = rb"""
 .target sm_70
 .address_size 64
 
-.visible .entry kbeval_flush(.param .u64 p_buffer, .param .u64 p_words, .param .u32 p_repeats)
+.visible .entry kbeval_flush(.param .u64 p_buffer, .param .u64 p_words, .param .u64 p_cover_ns)
 .maxntid 256, 1, 1
 .maxnreg 32
 {
     .reg .pred %p<4>;
     .reg .b32 %r<8>;
-    .reg .b64 %rd<14>;
+    .reg .b64 %rd<16>;
 
+    mov.u64 %rd13, %globaltimer;
     ld.param.u64 %rd1, [p_buffer];
     ld.param.u64 %rd2, [p_words];
-    ld.param.u32 %r1, [p_repeats];
+    ld.param.u64 %rd14, [p_cover_ns];
     cvta.to.global.u64 %rd1, %rd1;
     mov.u32 %r2, %ntid.x;
     mov.u32 %r3, %ctaid.x;
@@ -53,11 +57,7 @@ _PTX = rb"""
     mul.lo.u64 %rd10, %rd5, 3;
     shl.b64 %rd11, %rd5, 2;
     shl.b64 %rd12, %rd5, 4;
-    mov.u32 %r6, 0;
     mov.u32 %r7, 0;
-$L_repeat:
-    setp.ge.u32 %p1, %r6, %r1;
-    @%p1 bra $L_done;
     mov.u64 %rd6, %rd3;
 $L_four:
     add.s64 %rd9, %rd6, %rd10;
@@ -76,15 +76,19 @@ $L_four:
     bra.uni $L_four;
 $L_one:
     setp.ge.u64 %p3, %rd6, %rd2;
-    @%p3 bra $L_next;
+    @%p3 bra $L_wait;
     shl.b64 %rd7, %rd6, 4;
     add.s64 %rd8, %rd1, %rd7;
     st.global.v4.u32 [%rd8], {%r7, %r7, %r7, %r7};
     add.s64 %rd6, %rd6, %rd5;
     bra.uni $L_one;
-$L_next:
-    add.u32 %r6, %r6, 1;
-    bra.uni $L_repeat;
+$L_wait:
+    mov.u64 %rd15, %globaltimer;
+    sub.u64 %rd15, %rd15, %rd13;
+    setp.ge.u64 %p1, %rd15, %rd14;
+    @%p1 bra $L_done;
+    nanosleep.u32 256;
+    bra.uni $L_wait;
 $L_done:
     ret;
 }
@@ -163,17 +167,14 @@ def describe_as(grid: int | None, full: bool, error: str | None) -> str:
     return f"one kernel holding every SM ({grid} blocks)"
 
 
-def write(buffer: torch.Tensor, repeats: int, stream: torch.cuda.Stream) -> None:
-    """Zero `buffer` (a byte buffer of whole 16-byte words, 16-byte aligned) `repeats` times on `stream`, in one
-    launch of the kernel; `repeats` separate `zero_`s where it is not loaded."""
+def launch(buffer: torch.Tensor, cover_s: float, stream: torch.cuda.Stream) -> None:
+    """Zero `buffer` (a byte buffer of whole 16-byte words, 16-byte aligned) once on `stream`, then hold every SM
+    until `cover_s` has passed since each block began (the device's own clock, `%globaltimer`): the launch cover
+    costs exactly its length, whatever the write's bandwidth. The kernel must be loaded (`kernel()`)."""
     k = kernel()
-    if k is None:
-        with torch.cuda.stream(stream):
-            for _ in range(repeats):
-                buffer.zero_()
-        return
+    assert k is not None, why_not()
     args = (ctypes.c_uint64(buffer.data_ptr()), ctypes.c_uint64(buffer.numel() // _WORD),
-            ctypes.c_uint32(max(1, repeats)))
+            ctypes.c_uint64(max(0, int(cover_s * 1e9))))
     params = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args))
     _check(k.lib, k.lib.cuLaunchKernel(k.function, k.grid, 1, 1, BLOCK, 1, 1, 0,
                                        ctypes.c_void_p(stream.cuda_stream), params, None), "cuLaunchKernel")

@@ -13,11 +13,12 @@ L2 is flushed (persisting lines reset too), the whole device synchronised, and t
 over: events on the current stream (the precise number) and up to a second event recorded after a
 device-wide synchronise (which also counts work the candidate left running on other streams).
 
-The flush is also the call's cover: it keeps the GPU busy for FLUSH_COVER_S (it writes twice the L2 at least),
-so the host has launched the call's kernels before the start event fires, and the events time the GPU's work,
-not how fast this process's core woke up. It is one kernel that holds every SM (`flushkernel`), and the host
-waits for the refill before it calls the model: work the call puts on a stream of its own, which does not wait
-for the start event, cannot run until the flush has all but ended (issue 36, class 6).
+The flush is also the call's cover: it keeps the GPU busy for the cover the harness asks (FLUSH_COVER_S at
+least; it writes twice the L2 first), so the host has launched the call's kernels before the start event fires,
+and the events time the GPU's work, not how fast this process's core woke up. It is one kernel that holds
+every SM (`flushkernel`), and the host waits for the refill before it calls the model: work the call puts on a
+stream of its own, which does not wait for the start event, cannot run until the flush has all but ended
+(issue 36, class 6).
 A block's first call has more cover: the GPU switches from the other model's process to this one first
 (about 0.14 ms on an H100). Making that switch before the block instead, outside its wall clock, was tried:
 the walls fell by 0.3 ms, but the cover left fell short of the host's launch in the workers, and the times
@@ -42,8 +43,7 @@ from typing import Any
 import torch
 
 from kernelbench_eval.common.cudart import reset_persisting_l2
-from kernelbench_eval.worker.flush import l2_flush_buffer, repeats_for
-from kernelbench_eval.worker.flushkernel import write as write_flush
+from kernelbench_eval.worker import flush
 from kernelbench_eval.worker.refill import Rotation
 
 _perf_counter_ns = time.perf_counter_ns
@@ -179,7 +179,7 @@ def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, fl
            early: bool | None = None, cover_s: float = 0.0) -> Launched:
     """Refill, flush and launch one timed call between its events, without waiting for the device.
 
-    The flush is written as often as `cover_s` asks (`flush.repeats_for`): the harness sizes that cover from
+    The flush lasts as long as `cover_s` asks (`flush.write`): the harness sizes that cover from
     both models' host launch times, the same for both, so that every kernel of the call is queued before its
     start event fires and the events time the device's work alone (the runtime's stated basis).
 
@@ -188,14 +188,13 @@ def launch(model: Callable[..., object], rotation: Rotation, call: tuple[int, fl
     outran the device. A worker that answers before settling (`overlap`) passes True."""
     assert _EventBase is not None and _device_sync is not None
     before, start, end, _ = _events()
-    flush = l2_flush_buffer()
     _device_sync()  # the whole device, so no work of the previous call leaks in
     inputs = rotation.fill(*call, placement)
     reset_persisting_l2()
     stream = _current_stream()
     _EventBase.record(before, stream)
     # one kernel holding every SM, still running while the host launches the call (launch cost hides behind it)
-    write_flush(flush, repeats_for(flush, cover_s), stream)
+    flush.write(cover_s, stream)
     _EventBase.record(start, stream)
     _EventBase.synchronize(before)  # the refill done, the flush under way: only now may the call launch anything
     started = _perf_counter_ns()
