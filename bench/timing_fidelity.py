@@ -370,7 +370,7 @@ def measure_in_session(bench: Bench) -> None:
     from kernelbench_eval.discover.corpus import discover
     from kernelbench_eval.judge.baselines import BaselineStore
     from kernelbench_eval.judge.candidate_run import CandidateRun
-    from kernelbench_eval.judge.judging import ReferenceSide, Secrets, apply_timed
+    from kernelbench_eval.judge.judging import ReferenceSide, Secrets, verdict
     from kernelbench_eval.judge.measure import Deadline
     from kernelbench_eval.judge.timing_stage import time_candidate
     from kernelbench_eval.records import RunSettings
@@ -382,17 +382,14 @@ def measure_in_session(bench: Bench) -> None:
         done: list[tuple[Any, float]] = []
         with CandidateRun(ref, compiled, path, log, args.timeout * repeats) as run:
             if run.start() and run.check_trials():
-                base = run.findings.model_copy(deep=True)
                 for _ in range(repeats):
-                    run.findings, run.deadline = base.model_copy(deep=True), Deadline(args.timeout)
+                    run.deadline = Deadline(args.timeout)
                     started = time.monotonic()
-                    timed = time_candidate(run)
-                    if timed is not None:
-                        apply_timed(run.findings, timed)
-                    done.append((run.findings, time.monotonic() - started))
-                    if run.findings.status not in ("ok", "suspicious"):
+                    found = verdict(ref, run.checked(), time_candidate(run))
+                    done.append((found, time.monotonic() - started))
+                    if found.status not in ("ok", "suspicious"):
                         break
-            return run.findings, done
+            return (done[-1][0] if done else verdict(ref, run.checked(), None)), done
 
     dims = {k: v for kern in kernels for k, v in kern.dims.items()}
     threads = torch.get_num_threads() if args.device == "cpu" else None

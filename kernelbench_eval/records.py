@@ -199,11 +199,11 @@ class Findings(BaseModel):
     precision_check: PrecisionCheck | None = None  # trial 0 against the float64 truth
     error: str | None = None
 
-    def disqualify(self, status: Status, error: str) -> None:
-        """A candidate found out after the fact (say, tampering): no time, no speedup."""
-        self.status, self.error, self.correct, self.runtime_ms = status, error, False, -1.0
-        self.speedup = self.speedup_vs_eager = self.speedup_vs_compile = None
-        self.speedup_vs_eager_ci = self.speedup_vs_compile_ci = None
+    def disqualified(self, status: Status, error: str) -> Findings:
+        """These findings for a candidate found out after the fact (say, tampering): no time, no speedup."""
+        return self.model_copy(update=dict(status=status, error=error, correct=False, runtime_ms=-1.0, speedup=None,
+                                           speedup_vs_eager=None, speedup_vs_compile=None, speedup_vs_eager_ci=None,
+                                           speedup_vs_compile_ci=None))
 
 
 class Verdict(Findings):

@@ -13,37 +13,93 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelbench_eval.building.compile import Compiled, build_lock, extension_env, private_triton
+from kernelbench_eval.containment import SandboxRecord
 from kernelbench_eval.isolation import sandbox
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge.checker import ReferenceFailure
 from kernelbench_eval.judge.measure import Deadline
 from kernelbench_eval.judge.reference_side import ReferenceSide
+from kernelbench_eval.measured import PrecisionCheck
 from kernelbench_eval.messages import CheckResult
-from kernelbench_eval.records import Findings, KernelCount
+from kernelbench_eval.records import KernelCount
 from kernelbench_eval.requests import ExportRequest, ProfileRequest, RunRequest
+from kernelbench_eval.statuses import Status
 
 SENTINELS = (0xFF, 0x00)  # NaN-filled, then zero-filled free memory: uninitialised reads cannot pass both
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What a candidate's own run settled (its outcome, its trials, what every check saw), frozen when judging is
+    done (`CandidateRun.checked`); `judging.verdict` assembles the verdict from it and the timing's result."""
+
+    status: Status
+    error: str | None
+    device_name: str | None
+    sandbox: SandboxRecord | None
+    trials_passed: int
+    mutates_inputs: bool
+    max_abs_diff: float | None  # the largest over its trials and its timed calls
+    mean_abs_diff: float | None
+    precision_check: PrecisionCheck | None  # trial 0 against the float64 truth
+    timed_error: float | None  # its largest error over its timed calls (`note_precision`)
+    phases: tuple[tuple[str, float], ...] = ()  # seconds by phase: spawn, load, trials, checks, timing, ...
+
+
+@dataclass
+class _Tally:
+    """What a run has found so far, written through its methods (by `CandidateRun` and the timing stage's checks)."""
+
+    status: Status = "ok"
+    error: str | None = None
+    device_name: str | None = None
+    sandbox: SandboxRecord | None = None
+    trials_passed: int = 0
+    mutates_inputs: bool = False
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    precision_check: PrecisionCheck | None = None
+    timed_error: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def end(self, status: Status, error: str) -> None:
+        self.status, self.error = status, error
+
+    def note_precision(self, check: CheckResult) -> None:
+        """Its precision over its timed calls so far, from a timed block's check (`timing_stage`)."""
+        error = check.precision.candidate_error if check.precision else None
+        if error is not None and (self.timed_error is None or error > self.timed_error):
+            self.timed_error = error
+
+    def note_diffs(self, max_diff: float | None, mean_diff: float | None) -> None:
+        if max_diff is not None:
+            self.max_abs_diff = max(self.max_abs_diff or 0.0, max_diff)
+            self.mean_abs_diff = max(self.mean_abs_diff or 0.0, mean_diff or 0.0)
+
+    def freeze(self) -> Checked:
+        return Checked(self.status, self.error, self.device_name, self.sandbox, self.trials_passed,
+                       self.mutates_inputs, self.max_abs_diff, self.mean_abs_diff, self.precision_check,
+                       self.timed_error, tuple(self.phases.items()))
+
+
 class CandidateRun:
-    """One candidate being judged against `ref`; `findings` holds what is known so far."""
+    """One candidate being judged against `ref`: its worker, its workdir, and what it has found so far."""
 
     def __init__(self, ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: float) -> None:
         self.ref, self.build, self.path, self.log = ref, build, path, log
         self.deadline = Deadline(timeout)
         self.timeout = timeout
-        self.findings = Findings(status="ok", device_name=ref.device_name)
+        self.tally = _Tally(device_name=ref.device_name)
+        self.phases = self.tally.phases
         self.workdir = Path(tempfile.mkdtemp(prefix="kbeval-cand-"))
         self.worker: WorkerProcess | None = None
-        self.phases: dict[str, float] = {}
         self.exchange_kind: str | None = None
         self.exchange_bytes = 0  # the lent exchange's size: a reported output must lie inside it
         self.block_calls = 1  # timed calls a block holds, as the lent exchange allows (`Lender.lend`)
-        self.timed_error: float | None = None  # its largest error over its timed calls (`note_precision`)
         self._lent = False
 
     def __enter__(self) -> CandidateRun:
@@ -64,21 +120,25 @@ class CandidateRun:
         try:
             yield
         except ReferenceFailure as exc:
-            self.findings.status, self.findings.error = "crashed", f"{name}: {exc.message}"
+            self.tally.end("crashed", f"{name}: {exc.message}")
         except WorkerFailure as exc:  # a load error speaks for itself; anything later says when it happened
             where = "" if exc.status == "load_error" and name == "loading" else f"{name}: "
-            self.findings.status, self.findings.error = exc.status, where + exc.message  # type: ignore[assignment]
+            self.tally.end(exc.status, where + exc.message)  # type: ignore[arg-type]
         finally:
             key = phase or name
             self.phases[key] = self.phases.get(key, 0.0) + time.perf_counter() - started
 
     @property
     def ok(self) -> bool:
-        return self.findings.status == "ok"
+        return self.tally.status == "ok"
 
     def fail(self, error: str) -> bool:
-        self.findings.status, self.findings.error = "incorrect", error
+        self.tally.end("incorrect", error)
         return False
+
+    def checked(self) -> Checked:
+        """What this run settled, frozen (`judging.verdict` makes the verdict of it)."""
+        return self.tally.freeze()
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -105,8 +165,8 @@ class CandidateRun:
                     reply = self.worker.call(self.ref.load_request("ModelNew", self.path, init_dir=self.workdir),
                                              self.deadline.left())
                 finally:
-                    self.findings.sandbox = self.worker.sandbox_record
-            self.findings.device_name = reply.device_name or self.findings.device_name
+                    self.tally.sandbox = self.worker.sandbox_record
+            self.tally.device_name = reply.device_name or self.tally.device_name
             self._attach()
         return self.ok
 
@@ -127,7 +187,7 @@ class CandidateRun:
                 self._check_trial(trial)
             if not self.ok:
                 return False
-            self.findings.trials_passed += 1
+            self.tally.trials_passed += 1
         return True
 
     def _check_trial(self, trial: int) -> None:
@@ -139,16 +199,16 @@ class CandidateRun:
         for run, sentinel in enumerate(SENTINELS[:1] if self.ref.stateful else SENTINELS):
             reply = self.worker.call(RunRequest(name=name, sentinel=sentinel, slots=slots),
                                      self.deadline.left())
-            self.findings.mutates_inputs = self.findings.mutates_inputs or reply.mutated_inputs
+            self.tally.mutates_inputs = self.tally.mutates_inputs or reply.mutated_inputs
             if reply.launch_error:
                 self.fail(f"trial {trial}: a kernel launch failed without raising: {reply.launch_error}")
                 return
             started = time.perf_counter()
             check = self.ref.compare(trial, slots, reply.outputs)
             self.phases["checks"] = self.phases.get("checks", 0.0) + time.perf_counter() - started
-            self.note_diffs(check.max_abs_diff, check.mean_abs_diff)
+            self.tally.note_diffs(check.max_abs_diff, check.mean_abs_diff)
             if check.precision is not None:  # trial 0, against the float64 truth (`precision.precision_reason`)
-                self.findings.precision_check = check.precision
+                self.tally.precision_check = check.precision
             if not check.passed:
                 why = check.error
                 if run == 1:
@@ -165,17 +225,6 @@ class CandidateRun:
             return self.worker.call(ExportRequest(), min(10.0, self.deadline.left())).peak_bytes
         except WorkerFailure:
             return None
-
-    def note_precision(self, check: CheckResult) -> None:
-        """Its precision over its timed calls so far, from a timed block's check (`judging`)."""
-        error = check.precision.candidate_error if check.precision else None
-        if error is not None and (self.timed_error is None or error > self.timed_error):
-            self.timed_error = error
-
-    def note_diffs(self, max_diff: float | None, mean_diff: float | None) -> None:
-        if max_diff is not None:
-            self.findings.max_abs_diff = max(self.findings.max_abs_diff or 0.0, max_diff)
-            self.findings.mean_abs_diff = max(self.findings.mean_abs_diff or 0.0, mean_diff or 0.0)
 
 
 @dataclass(frozen=True)

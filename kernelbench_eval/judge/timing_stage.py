@@ -165,10 +165,10 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
         if ref_side.stateful:  # no output of a timed call is the reference's for that call: nothing to compare
             return
         result = ref_side.compare_timed(calls, [s for s in slots if s is not None], metas)
-        run.note_precision(result)
+        run.tally.note_precision(result)
         run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
         checked += len(calls)
-        run.note_diffs(result.max_abs_diff, result.mean_abs_diff)
+        run.tally.note_diffs(result.max_abs_diff, result.mean_abs_diff)
         if not result.passed:
             run.fail(f"block {block}, {result.error} (every timed call is checked)")
             raise _WrongOutput

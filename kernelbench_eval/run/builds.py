@@ -80,11 +80,12 @@ def build_parallelism(jobs: int, builds: int) -> int:
 
 
 def with_build(findings: Findings, compiled: Compiled, seconds: float) -> Findings:
-    """What the build settles, added to the findings: this run's compile cost (near zero when cached), with
-    a warm-up a Ray lane ran (`ray_backend`)."""
-    findings.compiled, findings.compile_cached = compiled.record.ok, compiled.cached
-    findings.compile_seconds = round(seconds + getattr(compiled, "warmed_in_lane", 0.0), 3)
-    findings.built_on = getattr(compiled, "built_on", None)  # the Ray node that built it
+    """The findings with what the build settles: this run's compile cost (near zero when cached), with a warm-up a
+    Ray lane ran (`ray_backend`)."""
+    sandbox = findings.sandbox
     if not compiled.cached and compiled.record.sandbox is not None:  # its build ran its code too, this run
-        findings.sandbox = compiled.record.sandbox.weakest(findings.sandbox)
-    return findings
+        sandbox = compiled.record.sandbox.weakest(sandbox)
+    return findings.model_copy(update=dict(
+        compiled=compiled.record.ok, compile_cached=compiled.cached, sandbox=sandbox,
+        compile_seconds=round(seconds + getattr(compiled, "warmed_in_lane", 0.0), 3),
+        built_on=getattr(compiled, "built_on", None)))  # the Ray node that built it

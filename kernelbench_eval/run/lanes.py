@@ -101,8 +101,8 @@ class EvalLane:
         if ref.error:
             return LaneResult(Findings(status="skipped", error=ref.error, lane=self.spec.label))
         findings = judge(ref, compiled, path, log, self.config.budgets.candidate)
-        findings.lane = self.spec.label
-        return LaneResult(findings, ref.warning if opened else None, ref.baselines.key)
+        return LaneResult(findings.model_copy(update={"lane": self.spec.label}), ref.warning if opened else None,
+                          ref.baselines.key)
 
     def prepare(self, problem: Problem, ref_log: Path) -> Prepared:
         """Open `problem`'s reference (and measure its baselines) before any of its candidates is ready."""

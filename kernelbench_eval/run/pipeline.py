@@ -149,8 +149,8 @@ class _Session:
             result = self._evaluate_safely(lane, cand, built, ref_log, log)
             findings = result.findings
             if self.recording.check_tampering(cand if self.activity.snapshot() == alone and alone[1] == 1 else None):
-                findings.disqualify("incorrect", "cheating detected: it altered the run's verdicts.jsonl while it "
-                                    "ran (restored; no verdict changed)")
+                findings = findings.disqualified("incorrect", "cheating detected: it altered the run's verdicts.jsonl "
+                                                 "while it ran (restored; no verdict changed)")
         self._note_reference(cand.problem_id, result.warning, result.baseline_key)
         self.recording.record(cand, built.seconds + time.perf_counter() - started,
                               with_build(findings, built.compiled, built.seconds), log=log)
