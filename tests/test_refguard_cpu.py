@@ -249,7 +249,7 @@ def test_the_recheck_stands_in_for_the_candidates_turns():
     ref = SimpleNamespace(settings=settings, timing=timing)
     held = SimpleNamespace(before_reference=lambda: None, release=lambda: False, broken=False)
     interleaved = TimedModel(_Recorder(), event_ms=[3 * x for x in alone], idle_s=[0.01, 0.002])  # type: ignore[arg-type]
-    timed = timed_module._Timed(interleaved, interleaved, 6, 60, [], 1.0, held)  # type: ignore[arg-type]
+    timed = timed_module.Interleaved(interleaved, interleaved, 6, 60, [], 1.0, held)  # type: ignore[arg-type]
     agreement = timed_module._check_reference(SimpleNamespace(ref=ref, deadline=Deadline(60)), timed)  # type: ignore[arg-type]
     assert agreement is not None and agreement.outcome == "disturbed"
     assert isinstance(seen["between"], StandIn) and seen["between"].gaps == [0.01, 0.002] and seen["budget"] == 2

@@ -12,7 +12,7 @@ from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.judge.baselines import BaselineStore
 from kernelbench_eval.judge.candidate_run import Checked, Launches
 from kernelbench_eval.judge.judging import ReferenceSide, Secrets, verdict
-from kernelbench_eval.judge.timing_stage import TimedResult
+from kernelbench_eval.judge.timing_record import TimedResult
 from kernelbench_eval.measured import PrecisionCheck, Timing, TimingStats
 from kernelbench_eval.messages import MemoryPlan
 from kernelbench_eval.records import KernelCount, RunSettings

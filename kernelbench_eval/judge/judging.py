@@ -20,7 +20,8 @@ from kernelbench_eval.common.kbmethod import per_call
 from kernelbench_eval.common.precision import precision_reason
 from kernelbench_eval.judge.candidate_run import CandidateRun, Checked, Launches, count_launches
 from kernelbench_eval.judge.reference_side import ReferenceSide, Secrets, describe_problem
-from kernelbench_eval.judge.timing_stage import TimedResult, time_candidate
+from kernelbench_eval.judge.timing_record import TimedResult
+from kernelbench_eval.judge.timing_stage import time_candidate
 from kernelbench_eval.measured import MemoryRecord, PrecisionCheck
 from kernelbench_eval.messages import MemoryPlan
 from kernelbench_eval.records import Findings, RunSettings

@@ -13,27 +13,14 @@ with itself timed alone (`refguard`), so slowing the reference down is not a way
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from kernelbench_eval.common import kbmethod
 from kernelbench_eval.common.exchange import item_bytes, slot_bytes
-from kernelbench_eval.common.stats import (
-    chained_speedup_ci,
-    finite,
-    speedup_ci,
-)
 from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate_run import CandidateRun
-from kernelbench_eval.judge.measure import Call, TimedModel, cover_s, measure, sm_clock_mhz
-from kernelbench_eval.judge.plausibility import Assessment, assess, speedup_reason
+from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
+from kernelbench_eval.judge.plausibility import assess
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn
-from kernelbench_eval.judge.sessions import (
-    rerun_interval,
-    unresolved,
-    widened,
-)
-from kernelbench_eval.measured import Timing, TimingStats
+from kernelbench_eval.judge.timing_record import Interleaved, TimedResult, record
 from kernelbench_eval.messages import Slot
 from kernelbench_eval.requests import ExportRequest
 
@@ -44,38 +31,6 @@ class _WrongOutput(Exception):
 
 class _Overwritten(Exception):
     """A call's outputs lay over an earlier call's of the same block, left in place: measure again, a call a block."""
-
-
-@dataclass
-class _Timed:
-    """One interleaved measurement of the candidate against the reference."""
-
-    ref: TimedModel
-    cand: TimedModel
-    blocks: int
-    checks: int
-    clocks: list[int | None]
-    seconds: float
-    guard: Guard
-    in_place: int = 0  # calls whose outputs were compared where the candidate's call put them
-    calls_per_block: int = 1
-    agreement: Agreement | None = None
-
-
-@dataclass(frozen=True)
-class TimedResult:
-    """What the timing stage settles about a candidate whose every timed call was right: its figures, and why they
-    are doubted, if they are. `judging` assembles the verdict from it."""
-
-    timing: Timing
-    runtime_ms: float
-    runtime_stats: TimingStats
-    ref_runtime_ms: float
-    ref_runtime_stats: TimingStats
-    speedup: float | None
-    speedup_vs_compile: float | None = None
-    speedup_vs_compile_ci: tuple[float, float] | None = None
-    doubts: tuple[str, ...] = ()  # each a reason the verdict is `suspicious`
 
 
 def time_candidate(run: CandidateRun) -> TimedResult | None:
@@ -95,11 +50,11 @@ def time_candidate(run: CandidateRun) -> TimedResult | None:
             timed.agreement = _check_reference(run, timed)
             disturbed = timed.agreement is not None and timed.agreement.outcome == "disturbed"
             if (verdict.speedup_trusted and not disturbed) or attempt == 2:
-                return _record(run, timed, verdict, attempt)
+                return record(run, timed, verdict, attempt)
     return None
 
 
-def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
+def _check_reference(run: CandidateRun, timed: Interleaved) -> Agreement | None:
     """The interleaved reference against the reference alone (`refguard`), timed again in the interleaved
     cadence on a disagreement; the alone time refreshed when the machine changed. The candidate stays stopped
     throughout, and is let go after."""
@@ -114,7 +69,7 @@ def _check_reference(run: CandidateRun, timed: _Timed) -> Agreement | None:
             ref_side.checker.mark_broken()
 
 
-def _measure_once(run: CandidateRun) -> _Timed | None:
+def _measure_once(run: CandidateRun) -> Interleaved | None:
     """One measurement; again in blocks of one call if the candidate's model handed out one buffer twice in a
     block whose outputs stay in place (`carve`): the earlier call's outputs were gone before they were checked,
     through no fault of the answer. Only the new measurement counts."""
@@ -125,7 +80,7 @@ def _measure_once(run: CandidateRun) -> _Timed | None:
         return _measure_blocks(run, 1)
 
 
-def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
+def _measure_blocks(run: CandidateRun, calls_per_block: int) -> Interleaved | None:
     ref_side, settings = run.ref, run.ref.settings
     checker, lender = ref_side.checker, ref_side.lender
     assert checker.worker is not None and run.worker is not None
@@ -185,71 +140,8 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> _Timed | None:
         guard.release()
         raise
     clocks += [sm_clock_mhz(gpu)] if clocks else []
-    return _Timed(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place,
+    return Interleaved(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place,
                   calls_per_block)
-
-
-def _record(run: CandidateRun, timed: _Timed, verdict: Assessment, attempts: int) -> TimedResult:
-    ref, cand, settings = timed.ref, timed.cand, run.ref.settings
-    method, mean = settings.timing, kbmethod.is_kernelbench(settings.timing)  # KernelBench's: every time a mean
-
-    def per_call(samples: list[float]) -> float:
-        return kbmethod.per_call(method, samples)
-
-    ref_ms, agreement = per_call(ref.event_ms), timed.agreement
-    speedup = ref_ms / verdict.runtime_ms if verdict.speedup_trusted and verdict.runtime_ms > 0 else None
-    shifted = _shifted(cand.event_ms, verdict.runtime_ms, per_call)
-    within = speedup_ci(ref.event_ms, shifted, mean=mean) if speedup else None
-    reason = speedup_reason(speedup, settings.max_speedup, within)  # a claim implausible even within its session
-    reasons = verdict.reasons + ([reason] if reason else []) + timed.guard.reasons()
-    if agreement is not None and agreement.outcome == "disturbed":
-        reasons.append(agreement.reason(ref_ms))
-    between = run.ref.timing.add_session(ref_ms, doubted=bool(reasons))
-    shorter = min(ref_ms, verdict.runtime_ms)  # the call whose absolute floor weighs most (`stats.prior_sd`)
-    interval = widened(within, speedup, between, shorter, settings.device) if speedup and within else None
-    stats, ref_stats = TimingStats.from_samples(cand.event_ms, mean), TimingStats.from_samples(ref.event_ms, mean)
-    cuda = settings.device == "cuda"
-    busy = (sum(cand.device_ms) + sum(ref.device_ms)) / 1e3 / timed.seconds if cuda and timed.seconds else None
-    latency, ref_latency = cand.latency_ms(), ref.latency_ms()
-    latency_speedup = per_call(ref_latency) / per_call(latency) if speedup and latency else None
-    basis = kbmethod.basis(method, settings.device, len(cand.event_ms)) if mean else "device" if cuda else "wall"
-    timing = Timing(
-        candidate=stats, reference=ref_stats, speedup=speedup, basis=basis,
-        latency_ms=per_call(latency) if latency else None,
-        ref_latency_ms=per_call(ref_latency) if ref_latency else None,
-        latency_speedup=latency_speedup, launch_ms=cand.launch_ms.median() if cand.launch_ms else None,
-        ref_launch_ms=ref.launch_ms.median() if ref.launch_ms else None,
-        cover_ms=cover_s([ref, cand]) * 1e3 if cuda and not mean else None,
-        unresolved=unresolved(interval, within, between, shorter, settings.device) if speedup else None,
-        speedup_ci=interval, speedup_ci_within=within,
-        speedup_rerun_interval=rerun_interval(interval, speedup) if interval and speedup else None,
-        between_sd=between[0] if between else None,
-        between_df=between[1] if between else None,
-        blocks=timed.blocks, checked_calls=timed.checks, attempts=attempts,
-        rse=finite(kbmethod.rse(method, cand.event_ms)), ref_rse=finite(kbmethod.rse(method, ref.event_ms)),
-        wall_ms_per_call=cand.wall_per_call(),
-        ref_wall_ms_per_call=ref.wall_per_call(), unexplained_ms=cand.unexplained() - ref.unexplained(),
-        device_tail_ms=cand.device_tail() if cuda else None, ref_device_tail_ms=ref.device_tail() if cuda else None,
-        gate_ms=cand.gate_ms.median() if cand.gate_ms else None,
-        ref_gate_ms=ref.gate_ms.median() if ref.gate_ms else None,
-        event_overhead_ms=run.ref.timing.event_overhead_ms,
-        sm_clock_mhz=(timed.clocks[0], timed.clocks[-1]) if timed.clocks else None,
-        cuda_graph=settings.cuda_graph and cand.graph_error is None, graph_error=cand.graph_error,
-        floor_ms=run.ref.timing.floor_ms(), seconds=timed.seconds, device_busy=busy, exchange=run.exchange_kind,
-        flush=cand.flush, in_place_calls=timed.in_place if cuda else None, block_calls=timed.calls_per_block,
-        overlapped_calls=cand.overlapped if cuda else None, late_calls=cand.late if cuda else None,
-        ref_alone_ms=agreement.alone_ms if agreement else None, ref_alone_ratio=agreement.ratio if agreement else None,
-        ref_alone_check=agreement.outcome if agreement else None)
-    versus_compile, versus_compile_ci = None, None
-    base = run.ref.baselines.baseline
-    if speedup and base and base.compiled:
-        versus_compile = per_call(base.compiled_samples) / per_call(base.eager_samples) * speedup
-        versus_compile_ci = widened(chained_speedup_ci(base.compiled_samples, base.eager_samples, ref.event_ms,
-                                                       shifted, mean), versus_compile, between, shorter,
-                                    settings.device)
-    return TimedResult(timing=timing, runtime_ms=verdict.runtime_ms, runtime_stats=stats, ref_runtime_ms=ref_ms,
-                       ref_runtime_stats=ref_stats, speedup=speedup, speedup_vs_compile=versus_compile,
-                       speedup_vs_compile_ci=versus_compile_ci, doubts=tuple(reasons))
 
 
 def placed_slots(slots: list[Slot], placed: list[Slot] | None, exchange_bytes: int) -> list[Slot] | None:
@@ -271,10 +163,3 @@ def placed_slots(slots: list[Slot], placed: list[Slot] | None, exchange_bytes: i
             return None
         moved.append(slot.model_copy(update={"offset": offset}))
     return moved
-
-
-def _shifted(samples: list[float], runtime_ms: float, per_call: Callable[[list[float]], float]) -> list[float]:
-    """Samples moved so their time per call (`per_call`) is the runtime we stand behind (device-wide when work
-    escaped)."""
-    shift = runtime_ms - per_call(samples)
-    return [s + shift for s in samples] if shift else samples
