@@ -1,0 +1,79 @@
+"""bench/distinct_corpus.py's corpus (issue 38, goal 2): hundreds of distinct, honest candidates generated from a
+KernelBench export, in KernelBench's flat generation layout, as kbeval's discovery reads them. No GPU here: the
+corpus's shape, its distinctness and its Python are checked; the device runs it."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import distinct_corpus  # noqa: E402
+
+from kernelbench_eval.discover.corpus import discover  # noqa: E402
+
+PROBLEM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(8, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _kb(tmp_path: Path) -> Path:
+    kb = tmp_path / "kb"
+    for level, names in ((1, ("1_A.py", "2_B.py", "10_C.py")), (2, ("1_X.py",))):
+        (kb / f"level{level}").mkdir(parents=True)
+        for name in names:
+            (kb / f"level{level}" / name).write_text(PROBLEM)
+    (kb / "NOTICE").write_text("Problems from KernelBench, MIT licence.\n")
+    return kb
+
+
+def test_problems_are_taken_from_the_levels_in_turn_lowest_numbers_first(tmp_path):
+    picked = [(level, number) for level, number, _ in distinct_corpus.pick_problems(_kb(tmp_path), 4, [1, 2])]
+    assert picked == [(1, 1), (2, 1), (1, 2), (1, 10)]  # level 2 runs out; 10 after 2, by number
+
+
+def test_every_sample_is_its_own_build_and_discovery_pairs_it_with_its_problem(tmp_path):
+    out = tmp_path / "corpus"
+    assert distinct_corpus.write_corpus(_kb(tmp_path), out, 3, 2, [1, 2]) == 6
+    files = sorted((out / "candidates").glob("*.py"))
+    assert [f.name for f in files][:2] == ["level_1_problem_1_sample_0_kernel.py",
+                                           "level_1_problem_1_sample_1_kernel.py"]
+    texts = [f.read_text() for f in files]
+    assert len({hashlib.sha256(t.encode()).digest() for t in texts}) == 6  # distinct bytes: distinct builds
+    names = set()
+    for text in texts:
+        tree = ast.parse(text)
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        assert [b.id for b in classes["ModelNew"].bases] == ["Model"] and "Model" in classes
+        names |= {kw.value.value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  for kw in n.keywords if kw.arg == "name"}
+    assert len(names) == 6  # each extension's own name: none is another's cached build
+    found = discover(out / "problems", out / "candidates")
+    assert not found.warnings
+    by_problem = sorted((c.problem_id, c.sample) for c in found.candidates)
+    assert by_problem == [("level1/1_A", 0), ("level1/1_A", 1), ("level1/2_B", 0), ("level1/2_B", 1),
+                          ("level2/1_X", 0), ("level2/1_X", 1)]  # numbers collide across levels: qualified
+    assert (out / "problems" / "NOTICE").exists()
+
+
+def test_the_floor_builds_the_samples_own_kernel():
+    cuda = distinct_corpus.cuda_source("floor")
+    assert "__global__ void copy_floor(" in cuda and "torch::Tensor scaled_copy(" in cuda
+    assert cuda.count("{") == cuda.count("}") and "{{" not in cuda  # the template's escapes resolved
