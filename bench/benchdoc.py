@@ -33,8 +33,11 @@ def machine_line(device: str) -> str:
     import torch
 
     if device == "cuda":
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True)
+        except OSError:  # no driver tools here
+            smi = subprocess.CompletedProcess([], 1, "", "")
         line = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else ""
         name, _, driver = line.partition(", ")
         what = f"{name} (driver {driver})" if driver else (

@@ -77,3 +77,26 @@ def test_the_floor_builds_the_samples_own_kernel():
     cuda = distinct_corpus.cuda_source("floor")
     assert "__global__ void copy_floor(" in cuda and "torch::Tensor scaled_copy(" in cuda
     assert cuda.count("{") == cuda.count("}") and "{{" not in cuda  # the template's escapes resolved
+
+
+def test_several_gpus_are_judged_against_one_lane_alone():
+    """bench/gpu_scaling.py: statuses must match the 1-GPU run's, and a candidate's speedup beside other lanes is
+    counted inside or outside the interval it had alone; the judging phases give the speedup lines."""
+    import gpu_scaling
+
+    def verdict(status, speedup, ci, lane):
+        return {"status": status, "speedup": speedup, "ci": ci, "lane": lane}
+
+    one = {"wall_s": 20.0, "judge_s": 16.0, "verdicts": {
+        "p/a": verdict("ok", 1.0, [0.98, 1.02], "cuda:0"), "p/b": verdict("ok", 1.0, [0.98, 1.02], "cuda:0"),
+        "q/c": verdict("incorrect", None, None, "cuda:0")}}
+    two = {"wall_s": 12.0, "judge_s": 8.5, "verdicts": {
+        "p/a": verdict("ok", 1.01, [0.99, 1.03], "cuda:0"), "p/b": verdict("ok", 1.05, [1.03, 1.07], "cuda:1"),
+        "q/c": verdict("incorrect", None, None, "cuda:1")}}
+    check = gpu_scaling.compare(one, two)
+    assert check == {"candidates": 3, "statuses_identical": True, "inside": 1, "timed": 2, "lanes": 2}
+    worse = {**two, "verdicts": {**two["verdicts"], "q/c": verdict("ok", 1.0, [0.9, 1.1], "cuda:1")}}
+    assert gpu_scaling.compare(one, worse)["statuses_identical"] is False
+    _, numbers = gpu_scaling.section({1: one, 2: two}, {2: check}, 3, "cmd")
+    assert numbers == {"gpus2_judging_speedup": 1.88, "gpus_statuses_identical": True,
+                       "gpus_inside_single_lane_interval": "1/2"}

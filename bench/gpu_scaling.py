@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Judging on several GPUs of one host (issue 38, goal 3): the judging phase on 1, 2 and 4 GPUs, the same
+candidates, the same warm build cache, with identical verdicts and no cross-lane interference.
+
+The corpus is `distinct_corpus.py`'s (generated from a KernelBench export, never committed): samples of one
+problem are the same code (each with its own extension), so they take the same time wherever they are judged.
+One cold run on every GPU fills the build cache; then a warm run per GPU count (`--gpus 0`, `0,1`, `0,1,2,3`),
+each timed by its own per-phase account (`phases.json`: the judging phase's running seconds). Interference shows
+as a candidate judged beside other lanes landing outside the interval it had judged alone: the share of
+candidates whose speedup on N GPUs lies inside their 1-GPU interval is reported, and statuses must not change.
+
+Lines `gpus2_judging_speedup:` / `gpus4_judging_speedup:` (1-GPU judging seconds over N-GPU) and
+`gpus_statuses_identical:` / `gpus_inside_single_lane_interval:` head the `## Several GPUs` section of
+docs/benchmarks.md; raw numbers go to $OUT/gpu_scaling.json.
+
+    python3 bench/gpu_scaling.py --kb .kb/2025-01 --problems 24 --per-problem 2 --gpus 4   # on nvidia-h100-x4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchdoc import REPO, kbeval_env, machine_line, out_dir, run_bounded, write_section
+from distinct_corpus import write_corpus
+
+SECTION = "## Several GPUs"
+
+
+def run_on(tree: Path, gpus: int, run_id: str, jobs: int, deadline: float) -> dict:
+    """One `kbeval run` on the first `gpus` GPUs: its wall, its judging phase, its verdicts by candidate."""
+    out = tree / "results"
+    args = ["run", "--device", "cuda", "--problems", str(tree / "problems"), "--candidates", str(tree / "candidates"),
+            "--out", str(out), "--run-id", run_id, "--no-compile-baseline", "--jobs", str(jobs),
+            "--gpus", ",".join(str(g) for g in range(gpus))]
+    rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / f"{run_id}.log", deadline)
+    path = out / run_id / "verdicts.jsonl"
+    verdicts = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    phases_path = out / run_id / "phases.json"
+    phases = json.loads(phases_path.read_text())["sessions"][-1] if phases_path.exists() else {}
+    return {"rc": rc, "wall_s": round(wall, 1), "judge_s": (phases.get("running_s") or {}).get("judge"),
+            "verdicts": {f"{v['problem']}/{v['candidate']}": _brief(v) for v in verdicts}}
+
+
+def _brief(v: dict) -> dict:
+    return {"status": v["status"], "speedup": v.get("speedup"), "ci": v.get("speedup_vs_eager_ci"),
+            "lane": v.get("lane")}
+
+
+def compare(single: dict, several: dict) -> dict:
+    """Statuses identical, and the share of timed candidates whose speedup on several GPUs lies inside the
+    interval they had alone (one lane)."""
+    both = sorted(set(single["verdicts"]) & set(several["verdicts"]))
+    same = sum(single["verdicts"][k]["status"] == several["verdicts"][k]["status"] for k in both)
+    inside = timed = 0
+    for k in both:
+        alone, beside = single["verdicts"][k], several["verdicts"][k]
+        if alone["ci"] and beside["speedup"] is not None:
+            timed += 1
+            inside += alone["ci"][0] <= beside["speedup"] <= alone["ci"][1]
+    return {"candidates": len(both), "statuses_identical": same == len(both) == len(single["verdicts"]),
+            "inside": inside, "timed": timed, "lanes": len({v["lane"] for v in several["verdicts"].values()})}
+
+
+def section(runs: dict[int, dict], checks: dict[int, dict], count: int, command: str) -> tuple[str, dict]:
+    base = runs[1]["judge_s"]
+    numbers: dict[str, object] = {}
+    for n in sorted(runs):
+        if n > 1 and base and runs[n]["judge_s"]:
+            numbers[f"gpus{n}_judging_speedup"] = round(base / runs[n]["judge_s"], 2)
+    numbers["gpus_statuses_identical"] = all(c["statuses_identical"] for c in checks.values())
+    inside = sum(c["inside"] for c in checks.values())
+    timed = sum(c["timed"] for c in checks.values())
+    numbers["gpus_inside_single_lane_interval"] = f"{inside}/{timed}"
+    lines = [SECTION, "", "```", *(f"{k}: {v}" for k, v in numbers.items()), "```", "", machine_line("cuda"),
+             f"Command: `{command}`. {count} candidates, warm (builds cached by a cold run first), "
+             "`--no-compile-baseline`.", "", "| GPUs | lanes used | wall (s) | judging phase (s) | statuses as on 1 |"
+             " speedup inside its 1-GPU interval |", "|---:|---:|---:|---:|---|---|"]
+    for n in sorted(runs):
+        c = checks.get(n)
+        inside_n = f"{c['inside']}/{c['timed']}" if c else "-"
+        lines.append(f"| {n} | {c['lanes'] if c else 1} | {runs[n]['wall_s']} | {runs[n]['judge_s']} | "
+                     f"{'yes' if not c or c['statuses_identical'] else 'no'} | {inside_n} |")
+    return "\n".join([*lines, ""]), numbers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kb", type=Path, required=True, help="a KernelBench export (levelN/<id>.py)")
+    parser.add_argument("--problems", type=int, default=24)
+    parser.add_argument("--per-problem", type=int, default=2)
+    parser.add_argument("--levels", default="1,2")
+    parser.add_argument("--gpus", type=int, default=4, help="the most GPUs to use (runs on 1, 2, ... up to it)")
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--deadline", type=float, default=180.0, help="seconds each kbeval run may take")
+    parser.add_argument("--out-md", type=Path, default=REPO / "docs" / "benchmarks.md")
+    args = parser.parse_args()
+    tree = Path(tempfile.mkdtemp(prefix="kbeval-gpus-"))
+    count = write_corpus(args.kb, tree, args.problems, args.per_problem, [int(x) for x in args.levels.split(",")])
+    started = time.monotonic()
+    cold = run_on(tree, args.gpus, "cold", args.jobs, 3 * args.deadline)  # fills the build cache
+    counts = [n for n in (1, 2, 4, 8) if n <= args.gpus]
+    runs = {n: run_on(tree, n, f"warm{n}", args.jobs, args.deadline) for n in counts}
+    checks = {n: compare(runs[1], runs[n]) for n in counts if n > 1}
+    command = " ".join(["python3 bench/gpu_scaling.py", *sys.argv[1:]])
+    text, numbers = section(runs, checks, count, command)
+    write_section(args.out_md, SECTION, text)
+    raw = {"cold": cold, "runs": runs, "checks": checks, "numbers": numbers, "seconds": time.monotonic() - started}
+    if (out := out_dir()) is not None:
+        (out / "gpu_scaling.json").write_text(json.dumps(raw, indent=1))
+        (out / "gpu_scaling_section.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
