@@ -118,5 +118,6 @@ class MemoryRecord(BaseModel):
     expected_resident: bool  # else each trial's expected outputs were computed again by the reference
     timing_sets: int  # base sets the timed calls rotated through
     placements: int  # live input buffers per worker
+    lean: bool = False  # the candidate read its input sets in the exchange, keeping no copy (`common/memory.py`)
     reference_peak_bytes: int | None = None
     candidate_peak_bytes: int | None = None

@@ -71,6 +71,7 @@ class MemoryPlan(BaseModel):
     need_bytes: int
     budget_bytes: int
     fits: bool
+    lean: bool = False  # the candidate reads its input sets in the exchange (`memory`)
     resident_bytes: int  # what it keeps between candidates
     input_bytes: int
     output_bytes: int

@@ -158,6 +158,7 @@ class TakeRequest(Request[Reply]):  # candidate: copy input set `name` out of th
     name: str
     slots: list[Slot] = Field(default_factory=list)
     drop: bool = False  # drop every set held first
+    in_place: bool = False  # read it where it lies, no copy, where the exchange is on the model's device (lean plan)
 
 
 class RunRequest(Request[RunReply]):  # candidate: one trial run on set `name`, its outputs into `slots`

@@ -81,6 +81,44 @@ def test_exchange_round_trip_and_bounds(tmp_path: Path):
     assert not Path(exchange.info.handle).exists()
 
 
+def test_a_lean_plan_reads_input_sets_where_they_lie_and_puts_outputs_after_them(tmp_path: Path):
+    """Lean memory plan (`memory`): the candidate's input set is a view of the exchange (no copy) where the exchange
+    is memory of the model's device, a copy where it is not; the outputs' slots follow the input set instead of
+    taking its place, and the exchange holds both."""
+    from kernelbench_eval.judge.lending import SLACK_BYTES
+    from kernelbench_eval.messages import MemoryPlan
+
+    exchange = Exchange.create("cpu", 4096, str(tmp_path))
+    try:
+        slots = exchange.write([torch.arange(6, dtype=torch.float32), 3])
+        attached = Exchange.attach(exchange.info, "cpu")
+        assert attached.aliases("cpu") and not attached.aliases("cuda")  # a file mapping: host memory
+        seen = attached.views(slots)
+        assert seen[1] == 3 and torch.equal(seen[0], torch.arange(6, dtype=torch.float32))
+        exchange.view(slots[0]).fill_(9)  # the checker's bytes are what it reads: no copy was made
+        assert torch.equal(seen[0], torch.full((6,), 9.0))
+    finally:
+        exchange.close()
+    problem = Problem("p", tmp_path / "p.py", "0" * 64)
+    ref = ReferenceSide(problem, RunSettings(device="cpu"), Secrets.draw(1), tmp_path / "log", Budgets.of(60, 60),
+                        BaselineStore(tmp_path / "b"))
+    try:
+        lender = ref.lender
+        lender.learn_inputs(1 << 20)
+        plan = dict(trial_inputs=False, expected=False, timing_sets=1, placements=1, need_bytes=1, budget_bytes=1,
+                    fits=False, resident_bytes=0, input_bytes=1 << 20, output_bytes=4096, transient_bytes=0)
+        lender.learn_outputs([[TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32",
+                                          shape=[1024])]], MemoryPlan(**plan))
+        assert [s.offset for s in lender.timed_layout(2)[1]] == [4096]  # outputs where the input set was
+        assert lender._slots(2) == (1 << 20) + SLACK_BYTES  # one of them at a time
+        lender.learn_outputs(lender.metas, MemoryPlan(**plan, lean=True))
+        area = lender._slots(0)
+        assert area >= (1 << 20) and [s.offset for s in lender.timed_layout(2)[1]] == [area + 4096]
+        assert lender._slots(2) == area + 2 * 4096
+    finally:
+        ref.close()
+
+
 def test_output_layout_places_calls_one_after_another():
     metas = [TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.float32", shape=[3, 5]),
              TensorMeta(type_name="Tensor", exact_tensor=True, dtype="torch.int64", shape=[1])]

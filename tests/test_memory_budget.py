@@ -53,6 +53,23 @@ def test_a_budget_below_the_least_plan_says_it_does_not_fit() -> None:
     assert got.need_bytes == peak_bytes(SOFTMAX, False, False, 1, 1) > 10 * GB
 
 
+def test_a_plan_over_the_budget_goes_lean_where_that_takes_less() -> None:
+    """45_Average_Pooling_2D at its current size (one 17.2 GB input, 142 MB outputs) on an 80 GB card: the least
+    plan needs about 92 GB; lean (the candidate reads its input sets in the exchange) about 76. Where a block of
+    outputs is as large as an input set (23_Softmax), lean takes no less and is not used."""
+    avgpool = Footprint(input_bytes=17_179_869_184, output_bytes=141_557_760, transient_bytes=0, trials=5,
+                        timing_sets=3, placements=2, block_bytes=memory.block_bytes(141_557_760, "cuda"))
+    least = peak_bytes(avgpool, False, False, 1, 1)
+    got = plan(avgpool, int(0.9 * 78.5 * (1 << 30)))
+    assert got.lean and (got.trial_inputs, got.expected, got.timing_sets, got.placements) == (False, False, 1, 1)
+    assert got.need_bytes == peak_bytes(avgpool, False, False, 1, 1, lean=True)
+    assert least - got.need_bytes == avgpool.input_bytes - avgpool.block_bytes  # its copy, less the outputs' room
+    assert least > 90 * GB and got.need_bytes < 77 * GB
+    assert plan(avgpool, 80 * GB).fits and plan(avgpool, 80 * GB).lean  # (an 80 GB budget: lean fits)
+    assert not plan(avgpool, 200 * GB).lean  # where a plan fits, never lean
+    assert not plan(SOFTMAX, 10 * GB).lean
+
+
 def test_the_plan_counts_a_block_of_outputs() -> None:
     """A block's outputs are held four times (the checker's kept outputs and its copies, the exchange, the
     candidate's), up to the cap a block is sized by."""
@@ -116,6 +133,16 @@ NO_ROOM = HONEST.replace("        return torch.tanh(self.fc(x))",
 TOO_BIG = PROBLEM.replace("        return torch.tanh(self.fc(x))", "        torch.empty(10**14, dtype=torch.uint8)\n"
                                                                     "        return torch.tanh(self.fc(x))")
 
+# inputs far larger than outputs: under the tight budget the plan goes lean, and the candidate reads its input
+# sets where they lie in the exchange (a mean over rows, as 45_Average_Pooling_2D shrinks its input)
+MEAN = PROBLEM.replace("        return torch.tanh(self.fc(x))", "        return torch.tanh(self.fc(x)).mean(dim=0)") \
+    .replace("batch_size = 64", "batch_size = 4096")
+MEAN_HONEST = MEAN.split("\n\n\nbatch_size")[0].replace("class Model(", "class ModelNew(") + "\n"
+# changes its input in place (the trial's copy, the timed call's live buffer): judged on untouched inputs anyway
+MEAN_MUTATES = MEAN_HONEST.replace("        return torch.tanh(self.fc(x)).mean(dim=0)",
+                                   "        out = torch.tanh(self.fc(x)).mean(dim=0)\n        x.zero_()\n"
+                                   "        return out")
+
 ARGS = ("--device", "cpu", "--no-compile-baseline", "--trials", "4", "--reps", "10", "--timing-budget", "1",
         "--warmup", "1")
 
@@ -136,8 +163,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], dic
     (root / "p").mkdir()
     (root / "p" / "tanh.py").write_text(PROBLEM)
     (root / "p" / "too_big.py").write_text(TOO_BIG)
+    (root / "p" / "mean.py").write_text(MEAN)
     for problem, candidates in (("tanh", {"honest": HONEST, "late": LATE, "greedy": GREEDY, "no_room": NO_ROOM}),
-                                ("too_big", {"honest": HONEST})):
+                                ("too_big", {"honest": HONEST}),
+                                ("mean", {"honest": MEAN_HONEST, "mutates": MEAN_MUTATES})):
         (root / "c" / problem).mkdir(parents=True)
         for name, source in candidates.items():
             (root / "c" / problem / f"{name}.py").write_text(source)
@@ -157,6 +186,12 @@ def test_a_forced_small_budget_gives_the_same_verdicts(runs: tuple[dict[str, dic
     assert loose["timing_sets"] == 3
     assert not constrained["fits"] and not constrained["trial_inputs_resident"]
     assert not constrained["expected_resident"] and constrained["timing_sets"] == 1
+    assert not constrained["lean"]  # a block of its outputs takes as much as an input set: lean saves nothing
+    lean, roomy = tight["mean/honest"], free["mean/honest"]
+    assert lean["memory"]["lean"] and not roomy["memory"]["lean"]  # read its inputs in the exchange, no copy
+    assert lean["status"] == roomy["status"] == "ok" and lean["correct"] and lean["trials_passed"] == 4
+    for verdicts in (free, tight):  # its trials' copies and its timed calls' live buffers, never the exchange's
+        assert verdicts["mean/mutates"]["status"] == "ok" and verdicts["mean/mutates"]["mutates_inputs"]
     assert constrained["reference_peak_bytes"] > 0 and constrained["candidate_peak_bytes"] > 0
 
 

@@ -132,6 +132,15 @@ class Exchange:
             offset += _aligned(value.numel() * value.element_size())
         return slots
 
+    def aliases(self, device: str) -> bool:
+        """Whether its views are memory a model on `device` can take as inputs (CUDA IPC on a GPU, a file mapping on
+        the CPU); otherwise what is read out of it must be copied to the device."""
+        return (self.info.kind == "cuda_ipc") == (device == "cuda")
+
+    def views(self, slots: list[Slot]) -> list[Any]:
+        """What `write` put in, where it lies (plain values as they were): no copy."""
+        return [self.view(s) if s.dtype else s.value for s in slots]
+
     def read(self, slots: list[Slot], device: str) -> list[Any]:
         """Private copies of what `write` put in (plain values as they were)."""
         import torch

@@ -19,6 +19,7 @@ from kernelbench_eval.common import memory
 from kernelbench_eval.common.kbmethod import per_call
 from kernelbench_eval.common.precision import precision_reason
 from kernelbench_eval.judge.candidate_run import CandidateRun, Checked, Launches, count_launches
+from kernelbench_eval.judge.lending import memory_record
 from kernelbench_eval.judge.reference_side import ReferenceSide, Secrets, describe_problem
 from kernelbench_eval.judge.timing_record import TimedResult
 from kernelbench_eval.judge.timing_stage import time_candidate
@@ -38,7 +39,7 @@ def judge(ref: ReferenceSide, build: Compiled, path: Path, log: Path, timeout: f
             timed = time_candidate(run)
             if timed is not None and ref.settings.account_launches:
                 launches = count_launches(run)
-        used = ref.lender.memory_record(run.peak_bytes()) if run.worker is not None else None
+        used = memory_record(ref.lender, run.peak_bytes()) if run.worker is not None else None
         return verdict(ref, run.checked(), timed, launches, used)
 
 

@@ -63,16 +63,6 @@ class Lender:
         """Live input buffers per worker in the timed calls, as the memory plan allows (0: the worker's own)."""
         return self.residency.placements if self.residency else 0
 
-    def memory_record(self, candidate_peak: int | None) -> MemoryRecord | None:
-        """The plan and both workers' peaks, for a verdict."""
-        plan = self.residency
-        if plan is None:
-            return None
-        return MemoryRecord(budget_bytes=plan.budget_bytes, need_bytes=plan.need_bytes, fits=plan.fits,
-                            trial_inputs_resident=plan.trial_inputs, expected_resident=plan.expected,
-                            timing_sets=plan.timing_sets, placements=plan.placements,
-                            reference_peak_bytes=self.checker.peak_bytes, candidate_peak_bytes=candidate_peak)
-
     def timing_sets(self) -> list[str]:
         """The base sets the timed calls rotate through: as many as the memory plan keeps."""
         count = self.residency.timing_sets if self.residency else self.default_timing_sets
@@ -110,10 +100,22 @@ class Lender:
                 return calls, area
         return 0, 0
 
+    @property
+    def lean(self) -> bool:  # the candidate reads its input sets where they lie in the exchange (`memory`)
+        return bool(self.residency and self.residency.lean)
+
     def timed_layout(self, calls: int) -> list[list[Slot]]:
-        return output_layout(self.metas[0], calls)
+        """Where a block's outputs go in the exchange: from its start, or (lean) after the input set."""
+        shift = self._input_area() if self.lean else 0
+        return [[s.model_copy(update={"offset": s.offset + shift}) if s.dtype else s for s in slots]
+                for slots in output_layout(self.metas[0], calls)]
+
+    def _input_area(self) -> int:
+        return -(-(self.input_bytes + SLACK_BYTES) // SEGMENT_ALIGN) * SEGMENT_ALIGN
 
     def _slots(self, calls: int) -> int:
+        if self.lean:
+            return self._input_area() + self.output_bytes() * calls
         return max(self.input_bytes + SLACK_BYTES, self.output_bytes() * calls)
 
     # -- lending ---------------------------------------------------------------------------------------------
@@ -166,5 +168,16 @@ class Lender:
         """Give `worker` (attached to the lent exchange) its own copies of these input sets; `drop`: it lets go of
         those it held first (a candidate holds one trial's set at a time, then the timing's: `memory`)."""
         for i, name in enumerate(names):
-            worker.call(TakeRequest(name=name, slots=self.put(name), drop=drop and i == 0),
+            worker.call(TakeRequest(name=name, slots=self.put(name), drop=drop and i == 0, in_place=self.lean),
                         deadline.left())
+
+
+def memory_record(lender: Lender, candidate_peak: int | None) -> MemoryRecord | None:
+    """The memory plan a lender lent under and both workers' peaks, for a verdict."""
+    plan = lender.residency
+    if plan is None:
+        return None
+    return MemoryRecord(budget_bytes=plan.budget_bytes, need_bytes=plan.need_bytes, fits=plan.fits,
+                        trial_inputs_resident=plan.trial_inputs, expected_resident=plan.expected,
+                        timing_sets=plan.timing_sets, placements=plan.placements, lean=plan.lean,
+                        reference_peak_bytes=lender.checker.peak_bytes, candidate_peak_bytes=candidate_peak)

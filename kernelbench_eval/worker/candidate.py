@@ -83,12 +83,14 @@ class CandidateWorker(TimingWorker):
         return Reply(ok=True)
 
     def op_take(self, req: TakeRequest) -> Reply:
-        """Copy input set `name` out of the exchange into tensors of this process's own."""
+        """Copy input set `name` out of the exchange into tensors of this process's own; under a lean memory plan,
+        take it where it lies (its trials and its timed calls still run on copies of it: `op_run`, `refill`)."""
         assert self.exchange is not None
         if req.drop:  # the sets it held are done with: their memory goes before this one comes (`memory`)
             self.leave_timing()
             self.sets, self.rotation = {}, None
-        self.sets[req.name] = self.exchange.read(req.slots, self.device)
+        in_place = req.in_place and self.exchange.aliases(self.device)
+        self.sets[req.name] = self.exchange.views(req.slots) if in_place else self.exchange.read(req.slots, self.device)
         _sync(self.device)
         return Reply(ok=True)
 

@@ -193,7 +193,7 @@ def residency(plan: memory.Residency, footprint: memory.Footprint) -> MemoryPlan
     """The plan as the expect reply tells it, with the sizes it was made from."""
     return MemoryPlan(trial_inputs=plan.trial_inputs, expected=plan.expected, timing_sets=plan.timing_sets,
                       placements=plan.placements, need_bytes=plan.need_bytes, budget_bytes=plan.budget_bytes,
-                      fits=plan.fits, resident_bytes=plan.resident_bytes(footprint),
+                      fits=plan.fits, lean=plan.lean, resident_bytes=plan.resident_bytes(footprint),
                       input_bytes=footprint.input_bytes, output_bytes=footprint.output_bytes,
                       transient_bytes=footprint.transient_bytes)
 
