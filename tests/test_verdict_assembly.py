@@ -84,3 +84,41 @@ def test_running_out_where_the_harness_left_no_room_is_excused_only_then(ref):
     assert found.status == "skipped" and "ran out asking for 17.2 GB" in found.error
     ref.lender.residency = plan.model_copy(update={"fits": True})
     assert verdict(ref, oom, None).status == "runtime_error"  # the plan fit: the candidate's own doing
+
+
+def test_a_gpu_measurement_fills_every_group_of_its_timing_record():
+    """`timing_record.record` on a CUDA measurement (samples made up, no GPU needed): the basis, the calls, the
+    device's figures and the reference-alone check each land in their fields, and the speedup is the reference's
+    time over the candidate's. The GPU-only branches run here, where CI can see them."""
+    from types import SimpleNamespace
+
+    from kernelbench_eval.judge.measure import TimedModel
+    from kernelbench_eval.judge.plausibility import Assessment
+    from kernelbench_eval.judge.refguard import Agreement
+    from kernelbench_eval.judge.timing_record import Interleaved, record
+
+    def model(event_ms: float, launch_ms: float) -> TimedModel:
+        one = TimedModel(worker=None, event_ms=[event_ms] * 20, device_ms=[event_ms + 0.01] * 20,  # type: ignore
+                         gate_ms=[0.3] * 20, launch_ms=[launch_ms] * 20, block_gaps=[0.5] * 4, wall_ms=20 * 2.5)
+        one.flush, one.overlapped, one.late = "one kernel holding every SM (1056 blocks)", 15, 1
+        return one
+
+    ref, cand = model(1.5, 0.2), model(1.0, 0.3)
+    settings = RunSettings(device="cuda", compile_baseline=False)
+    timing = SimpleNamespace(add_session=lambda ms, doubted: None, event_overhead_ms=0.005, floor_ms=lambda: 0.1)
+    run = SimpleNamespace(ref=SimpleNamespace(settings=settings, timing=timing,
+                                              baselines=SimpleNamespace(baseline=None)), exchange_kind="cuda_ipc")
+    guard = SimpleNamespace(reasons=lambda: [])
+    agreement = Agreement(outcome="agrees", alone_ms=1.49, ratio=1.01, ci=(0.99, 1.03))
+    timed = Interleaved(ref, cand, blocks=4, checks=20, clocks=[1980, 1975], seconds=0.1, guard=guard,  # type: ignore
+                        in_place=0, calls_per_block=5, agreement=agreement)
+    result = record(run, timed, Assessment(runtime_ms=1.0), attempts=1)  # type: ignore[arg-type]
+    t = result.timing
+    assert result.speedup == pytest.approx(1.5) and result.doubts == ()
+    assert (t.basis, t.cover_ms) == ("device", pytest.approx(1.25 * 0.3 + 0.02))
+    assert t.latency_ms == pytest.approx(1.0) and t.launch_ms == pytest.approx(0.3)
+    assert (t.gate_ms, t.ref_gate_ms, t.device_tail_ms) == (0.3, 0.3, pytest.approx(0.01))
+    assert (t.block_calls, t.overlapped_calls, t.late_calls, t.in_place_calls) == (5, 15, 1, 0)
+    assert t.sm_clock_mhz == (1980, 1975) and t.exchange == "cuda_ipc" and t.flush.startswith("one kernel")
+    assert t.device_busy == pytest.approx(20 * (1.01 + 1.51) / 1e3 / 0.1)
+    assert (t.ref_alone_ms, t.ref_alone_check, t.checked_calls, t.floor_ms) == (1.49, "agrees", 20, 0.1)
