@@ -21,6 +21,10 @@ Writes the `## Distinct candidates at scale` section of docs/benchmarks.md, the 
 wall, against the floor), and raw numbers to $OUT/distinct_corpus.json.
 
     python3 bench/distinct_corpus.py --kb .kb/2025-01 --problems 100 --per-problem 4 --levels 1,2
+
+A device call is limited to 10 minutes: with `--tree` (a git-ignored folder of the checkout, which the device keeps
+between calls) a second call with the same arguments resumes the run where the first one's `--deadline` cut it,
+and the section counts both sessions.
 """
 
 from __future__ import annotations
@@ -148,21 +152,38 @@ def nvcc_floor(work: Path) -> dict[str, float]:
 
 
 def run_kbeval(tree: Path, jobs: int, deadline: float) -> dict:
-    """The cold run over the corpus: its wall, its statuses, its per-phase account."""
-    out = tree / "results"
-    args = ["run", "--device", "cuda", "--problems", str(tree / "problems"), "--candidates",
-            str(tree / "candidates"), "--out", str(out), "--run-id", "cold", "--no-compile-baseline",
-            "--jobs", str(jobs)]
+    """The cold run over the corpus, or its continuation (`--resume`) where an earlier call started it: its wall
+    over every session, its statuses, its per-phase account (each session's, and their sum)."""
+    run_dir = tree / "results" / "cold"
+    if (run_dir / "run.json").exists():  # an earlier device call began it: finish it (its verdicts are kept)
+        args = ["run", "--resume", str(run_dir), "--jobs", str(jobs)]
+    else:
+        args = ["run", "--device", "cuda", "--problems", str(tree / "problems"), "--candidates",
+                str(tree / "candidates"), "--out", str(tree / "results"), "--run-id", "cold", "--no-compile-baseline",
+                "--jobs", str(jobs)]
     rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / "kbeval.log", deadline)
-    verdicts = [json.loads(line) for line in (out / "cold" / "verdicts.jsonl").read_text().splitlines()
-                if line.strip()] if (out / "cold" / "verdicts.jsonl").exists() else []
+    verdicts = [json.loads(line) for line in (run_dir / "verdicts.jsonl").read_text().splitlines()
+                if line.strip()] if (run_dir / "verdicts.jsonl").exists() else []
     statuses: dict[str, int] = {}
     for v in verdicts:
         statuses[v["status"]] = statuses.get(v["status"], 0) + 1
-    phases = json.loads((out / "cold" / "phases.json").read_text())["sessions"][-1] \
-        if (out / "cold" / "phases.json").exists() else {}
-    return {"rc": rc, "wall_s": round(wall, 1), "verdicts": len(verdicts), "statuses": statuses, "phases": phases,
-            "log_tail": tail(tree / "kbeval.log", 1500)}
+    sessions = json.loads((run_dir / "phases.json").read_text())["sessions"] \
+        if (run_dir / "phases.json").exists() else []
+    return {"rc": rc, "wall_s": round(sum(x.get("wall_s", 0.0) for x in sessions) or wall, 1),
+            "sessions": len(sessions), "verdicts": len(verdicts), "statuses": statuses,
+            "phases": _summed(sessions), "log_tail": tail(tree / "kbeval.log", 1500)}
+
+
+def _summed(sessions: list[dict]) -> dict:
+    """The sessions' accounts added up (a run finished by `--resume` in a second device call has two)."""
+    total: dict = {"running_s": {}, "idle_s": 0.0, "bound": None}
+    for one in sessions:
+        for phase, seconds in (one.get("running_s") or {}).items():
+            total["running_s"][phase] = round(total["running_s"].get(phase, 0.0) + seconds, 3)
+        total["idle_s"] = round(total["idle_s"] + (one.get("idle_s") or 0.0), 3)
+    if total["running_s"]:
+        total["bound"] = max(total["running_s"], key=lambda p: total["running_s"][p])
+    return total
 
 
 def section(run: dict, floor: dict, count: int, problems: int, command: str) -> tuple[str, dict]:
@@ -172,7 +193,8 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
                "build_rate_vs_floor": round(rate / floor["builds_per_s"], 3) if build_s else float("nan")}
     lines = [SECTION, "", "```", *(f"{k}: {v}" for k, v in numbers.items()), "```", "",
              machine_line("cuda"), f"Command: `{command}`. {count} distinct candidates over {problems} problems, "
-             "cold, `--no-compile-baseline`.", "",
+             f"cold, `--no-compile-baseline`; {run['verdicts']} judged, in {run['sessions']} session(s) (a second "
+             "one resumes what a device call's limit cut; the wall is their sum).", "",
              "| what | figure |", "|---|---|",
              f"| kbeval wall, cold | {run['wall_s']} s ({run['verdicts']} verdicts: "
              + ", ".join(f"{n} {s}" for s, n in sorted(run["statuses"].items())) + ") |",
@@ -194,15 +216,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the kbeval run may take")
     parser.add_argument("--generate-only", type=Path, help="write the corpus here and stop")
+    parser.add_argument("--tree", type=Path, help="keep the corpus, cache and run here; run again with the same "
+                        "--tree to finish a run a device call's time limit cut (`kbeval run --resume`)")
     parser.add_argument("--out-md", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     if args.generate_only:
         print(write_corpus(args.kb, args.generate_only, args.problems, args.per_problem, levels), "candidates")
         return
-    tree = Path(tempfile.mkdtemp(prefix="kbeval-distinct-"))
-    count = write_corpus(args.kb, tree, args.problems, args.per_problem, levels)
-    floor = nvcc_floor(tree)
+    tree = args.tree or Path(tempfile.mkdtemp(prefix="kbeval-distinct-"))
+    if (tree / "floor.json").exists():  # a second device call: the same corpus, its run resumed
+        floor = json.loads((tree / "floor.json").read_text())
+        count = len(list((tree / "candidates").glob("*.py")))
+    else:
+        count = write_corpus(args.kb, tree, args.problems, args.per_problem, levels)
+        floor = nvcc_floor(tree)
+        (tree / "floor.json").write_text(json.dumps(floor))
     started = time.monotonic()
     run = run_kbeval(tree, args.jobs, args.deadline)
     run["bench_wall_s"] = round(time.monotonic() - started, 1)

@@ -100,3 +100,14 @@ def test_several_gpus_are_judged_against_one_lane_alone():
     _, numbers = gpu_scaling.section({1: one, 2: two}, {2: check}, 3, "cmd")
     assert numbers == {"gpus2_judging_speedup": 1.88, "gpus_statuses_identical": True,
                        "gpus_inside_single_lane_interval": "1/2"}
+
+
+def test_a_run_finished_in_a_second_call_counts_both_sessions():
+    """A device call's limit cuts the 400-candidate run; `--resume` in the next call finishes it, and the account
+    adds the two sessions up (phases.json keeps one entry per session)."""
+    sessions = [{"wall_s": 540.0, "running_s": {"build": 500.0, "reference": 60.0, "judge": 200.0}, "idle_s": 1.0},
+                {"wall_s": 200.0, "running_s": {"build": 20.0, "reference": 10.0, "judge": 180.0}, "idle_s": 0.5}]
+    total = distinct_corpus._summed(sessions)
+    assert total == {"running_s": {"build": 520.0, "reference": 70.0, "judge": 380.0}, "idle_s": 1.5,
+                     "bound": "build"}
+    assert distinct_corpus._summed([]) == {"running_s": {}, "idle_s": 0.0, "bound": None}
