@@ -162,16 +162,28 @@ def run_kbeval(tree: Path, jobs: int, deadline: float) -> dict:
                 str(tree / "candidates"), "--out", str(tree / "results"), "--run-id", "cold", "--no-compile-baseline",
                 "--jobs", str(jobs)]
     rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / "kbeval.log", deadline)
-    verdicts = [json.loads(line) for line in (run_dir / "verdicts.jsonl").read_text().splitlines()
-                if line.strip()] if (run_dir / "verdicts.jsonl").exists() else []
+    verdicts, sessions = read_run(run_dir)
     statuses: dict[str, int] = {}
     for v in verdicts:
         statuses[v["status"]] = statuses.get(v["status"], 0) + 1
-    sessions = json.loads((run_dir / "phases.json").read_text())["sessions"] \
-        if (run_dir / "phases.json").exists() else []
     return {"rc": rc, "wall_s": round(sum(x.get("wall_s", 0.0) for x in sessions) or wall, 1),
             "sessions": len(sessions), "verdicts": len(verdicts), "statuses": statuses,
             "phases": _summed(sessions), "log_tail": tail(tree / "kbeval.log", 1500)}
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """A run's verdicts and its sessions' per-phase accounts (`phases.json`), as far as it got."""
+    path, phases = run_dir / "verdicts.jsonl", run_dir / "phases.json"
+    verdicts = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return verdicts, json.loads(phases.read_text())["sessions"] if phases.exists() else []
+
+
+def corpus_arguments(parser: argparse.ArgumentParser, problems: int, per_problem: int) -> None:
+    """The options that say which corpus to generate (`write_corpus`)."""
+    parser.add_argument("--kb", type=Path, required=True, help="a KernelBench export (levelN/<id>.py)")
+    parser.add_argument("--problems", type=int, default=problems)
+    parser.add_argument("--per-problem", type=int, default=per_problem)
+    parser.add_argument("--levels", default="1,2")
 
 
 def _summed(sessions: list[dict]) -> dict:
@@ -209,10 +221,7 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kb", type=Path, required=True, help="a KernelBench export (levelN/<id>.py)")
-    parser.add_argument("--problems", type=int, default=100)
-    parser.add_argument("--per-problem", type=int, default=4)
-    parser.add_argument("--levels", default="1,2")
+    corpus_arguments(parser, problems=100, per_problem=4)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the kbeval run may take")
     parser.add_argument("--generate-only", type=Path, help="write the corpus here and stop")

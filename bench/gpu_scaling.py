@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchdoc import REPO, kbeval_env, machine_line, out_dir, run_bounded, write_section
-from distinct_corpus import write_corpus
+from distinct_corpus import corpus_arguments, read_run, write_corpus
 
 SECTION = "## Several GPUs"
 
@@ -38,10 +38,8 @@ def run_on(tree: Path, gpus: int, run_id: str, jobs: int, deadline: float) -> di
             "--out", str(out), "--run-id", run_id, "--no-compile-baseline", "--jobs", str(jobs),
             "--gpus", ",".join(str(g) for g in range(gpus))]
     rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / f"{run_id}.log", deadline)
-    path = out / run_id / "verdicts.jsonl"
-    verdicts = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    phases_path = out / run_id / "phases.json"
-    phases = json.loads(phases_path.read_text())["sessions"][-1] if phases_path.exists() else {}
+    verdicts, sessions = read_run(out / run_id)
+    phases = sessions[-1] if sessions else {}
     return {"rc": rc, "wall_s": round(wall, 1), "judge_s": (phases.get("running_s") or {}).get("judge"),
             "verdicts": {f"{v['problem']}/{v['candidate']}": _brief(v) for v in verdicts}}
 
@@ -90,10 +88,7 @@ def section(runs: dict[int, dict], checks: dict[int, dict], count: int, command:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kb", type=Path, required=True, help="a KernelBench export (levelN/<id>.py)")
-    parser.add_argument("--problems", type=int, default=24)
-    parser.add_argument("--per-problem", type=int, default=2)
-    parser.add_argument("--levels", default="1,2")
+    corpus_arguments(parser, problems=24, per_problem=2)
     parser.add_argument("--gpus", type=int, default=4, help="the most GPUs to use (runs on 1, 2, ... up to it)")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds each kbeval run may take")

@@ -111,3 +111,10 @@ def test_a_run_finished_in_a_second_call_counts_both_sessions():
     assert total == {"running_s": {"build": 520.0, "reference": 70.0, "judge": 380.0}, "idle_s": 1.5,
                      "bound": "build"}
     assert distinct_corpus._summed([]) == {"running_s": {}, "idle_s": 0.0, "bound": None}
+
+
+def test_a_runs_verdicts_and_sessions_are_read_as_far_as_it_got(tmp_path):
+    assert distinct_corpus.read_run(tmp_path) == ([], [])  # cut before its first verdict
+    (tmp_path / "verdicts.jsonl").write_text('{"status": "ok"}\n\n{"status": "incorrect"}\n')
+    (tmp_path / "phases.json").write_text('{"sessions": [{"wall_s": 3.0}]}')
+    assert distinct_corpus.read_run(tmp_path) == ([{"status": "ok"}, {"status": "incorrect"}], [{"wall_s": 3.0}])

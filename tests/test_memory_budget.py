@@ -189,9 +189,11 @@ def test_a_forced_small_budget_gives_the_same_verdicts(runs: tuple[dict[str, dic
     assert not constrained["lean"]  # a block of its outputs takes as much as an input set: lean saves nothing
     lean, roomy = tight["mean/honest"], free["mean/honest"]
     assert lean["memory"]["lean"] and not roomy["memory"]["lean"]  # read its inputs in the exchange, no copy
-    assert lean["status"] == roomy["status"] == "ok" and lean["correct"] and lean["trials_passed"] == 4
+    # correct: every trial and every timed call matched (whether the CPU's timing then trusts the speedup, ok or
+    # suspicious, is the host's load, not the plan's)
+    assert lean["correct"] and roomy["correct"] and lean["trials_passed"] == 4
     for verdicts in (free, tight):  # its trials' copies and its timed calls' live buffers, never the exchange's
-        assert verdicts["mean/mutates"]["status"] == "ok" and verdicts["mean/mutates"]["mutates_inputs"]
+        assert verdicts["mean/mutates"]["correct"] and verdicts["mean/mutates"]["mutates_inputs"]
     assert constrained["reference_peak_bytes"] > 0 and constrained["candidate_peak_bytes"] > 0
 
 

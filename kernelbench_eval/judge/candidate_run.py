@@ -69,6 +69,9 @@ class _Tally:
     def end(self, status: Status, error: str) -> None:
         self.status, self.error = status, error
 
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
     def note_precision(self, check: CheckResult) -> None:
         """Its precision over its timed calls so far, from a timed block's check (`timing_stage`)."""
         error = check.precision.candidate_error if check.precision else None
@@ -94,7 +97,6 @@ class CandidateRun:
         self.deadline = Deadline(timeout)
         self.timeout = timeout
         self.tally = _Tally(device_name=ref.device_name)
-        self.phases = self.tally.phases
         self.workdir = Path(tempfile.mkdtemp(prefix="kbeval-cand-"))
         self.worker: WorkerProcess | None = None
         self.exchange_kind: str | None = None
@@ -125,8 +127,7 @@ class CandidateRun:
             where = "" if exc.status == "load_error" and name == "loading" else f"{name}: "
             self.tally.end(exc.status, where + exc.message)  # type: ignore[arg-type]
         finally:
-            key = phase or name
-            self.phases[key] = self.phases.get(key, 0.0) + time.perf_counter() - started
+            self.tally.add_time(phase or name, time.perf_counter() - started)
 
     @property
     def ok(self) -> bool:
@@ -205,7 +206,7 @@ class CandidateRun:
                 return
             started = time.perf_counter()
             check = self.ref.compare(trial, slots, reply.outputs)
-            self.phases["checks"] = self.phases.get("checks", 0.0) + time.perf_counter() - started
+            self.tally.add_time("checks", time.perf_counter() - started)
             self.tally.note_diffs(check.max_abs_diff, check.mean_abs_diff)
             if check.precision is not None:  # trial 0, against the float64 truth (`precision.precision_reason`)
                 self.tally.precision_check = check.precision
@@ -248,4 +249,4 @@ def count_launches(run: CandidateRun) -> Launches:
     except WorkerFailure as exc:
         return Launches(None, f"launch accounting failed: {exc.message}"[:300])
     finally:
-        run.phases["profile"] = time.perf_counter() - started
+        run.tally.add_time("profile", time.perf_counter() - started)

@@ -121,7 +121,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> Interleaved | No
             return
         result = ref_side.compare_timed(calls, [s for s in slots if s is not None], metas)
         run.tally.note_precision(result)
-        run.phases["checks"] = run.phases.get("checks", 0.0) + time.perf_counter() - started
+        run.tally.add_time("checks", time.perf_counter() - started)
         checked += len(calls)
         run.tally.note_diffs(result.max_abs_diff, result.mean_abs_diff)
         if not result.passed:
