@@ -42,12 +42,15 @@ def machine_line(device: str) -> str:
         name, _, driver = line.partition(", ")
         what = f"{name} (driver {driver})" if driver else (
             torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU seen")
+        if visible := os.environ.get("CUDA_VISIBLE_DEVICES"):  # a share of a larger host
+            what += f", GPU {visible} of the host"
     else:
         what = f"CPU {platform.processor() or platform.machine()}"
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    commit = git.stdout.strip() if git.returncode == 0 else "no git here"
+    commit = git.stdout.strip() if git.returncode == 0 else os.environ.get("KBEVAL_TREE", "no git here")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return (f"{what}, {os.cpu_count()} CPU cores, PyTorch {torch.__version__}, Python {platform.python_version()}; "
+    cores = len(os.sched_getaffinity(0))  # under taskset: the cores the bench was given, not the host's
+    return (f"{what}, {cores} CPU cores, PyTorch {torch.__version__}, Python {platform.python_version()}; "
             f"{when}; harness {commit}.")
 
 

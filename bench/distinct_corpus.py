@@ -146,7 +146,7 @@ def nvcc_floor(work: Path) -> dict[str, float]:
     if proc.returncode != 0:
         raise SystemExit(f"the floor's build failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     wall_s, cpu_s = map(float, proc.stdout.split()[-2:])
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))  # under taskset: the cores this bench was given
     return {"wall_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2), "cores": cores,
             "builds_per_s": round(cores / cpu_s, 4)}
 
@@ -222,7 +222,7 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     corpus_arguments(parser, problems=100, per_problem=4)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the kbeval run may take")
     parser.add_argument("--generate-only", type=Path, help="write the corpus here and stop")
     parser.add_argument("--tree", type=Path, help="keep the corpus, cache and run here; run again with the same "

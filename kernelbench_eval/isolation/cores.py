@@ -73,9 +73,14 @@ def reserve(lane_envs: list[dict[str, str]], environ: os._Environ[str] | dict[st
     return kept
 
 
+def usable() -> int:
+    """The cores this process may run on: under `taskset` or a cpuset, fewer than the machine has."""
+    return len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+
+
 def build_cores(environ: os._Environ[str] | dict[str, str] = os.environ) -> int:
-    """How many cores the builds may use: those reserved for them, else the machine's."""
-    return len(parse(environ.get(ENV, "")) or ()) or os.cpu_count() or 1
+    """How many cores the builds may use: those reserved for them, else this process's."""
+    return len(parse(environ.get(ENV, "")) or ()) or usable()
 
 
 def pin_self(environ: os._Environ[str] | dict[str, str] = os.environ) -> frozenset[int] | None:

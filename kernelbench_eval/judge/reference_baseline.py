@@ -7,7 +7,6 @@ lanes sharing one store, and torch.compile runs in a worker of its own, which on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from kernelbench_eval.common.stats import finite, rse_per_call
 from kernelbench_eval.discover.corpus import Problem
 from kernelbench_eval.discover.guard import user_paths
+from kernelbench_eval.isolation import cores
 from kernelbench_eval.isolation.process import WorkerFailure, WorkerProcess
 from kernelbench_eval.judge import conditions
 from kernelbench_eval.judge.baselines import BaselineStore
@@ -76,7 +76,7 @@ class ReferenceBaselines:
         load = conditions.HostLoad(self.checker.pid)
         eager = self.timing.measure_alone(self.checker.worker, Deadline(self.timing.time_limit))
         found = Conditions(eager_rse=finite(rse_per_call(eager)), others_cores=load.others_cores(),
-                           cores=os.cpu_count() or 1, threads=self.settings.threads or 1, seconds=load.seconds())
+                           cores=cores.usable(), threads=self.settings.threads or 1, seconds=load.seconds())
         baseline = Baseline(problem=self.problem.problem_id, source_sha256=self.problem.source_sha256,
                             device_name=device_name, torch_version=torch.__version__,
                             timing_key=self.settings.timing_key(), eager=TimingStats.from_samples(eager),

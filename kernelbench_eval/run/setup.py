@@ -17,6 +17,7 @@ import torch
 
 from kernelbench_eval.budgets import DEFAULT as DEFAULT_BUDGETS
 from kernelbench_eval.budgets import Budgets
+from kernelbench_eval.isolation import cores
 from kernelbench_eval.judge.baselines import FILE_NAME as BASELINES_FILE
 from kernelbench_eval.records import RunManifest, RunSettings, Verdict, now_utc
 from kernelbench_eval.results.record import RunRecorder, check_manifest, seal_manifest
@@ -36,7 +37,7 @@ class RunOptions:
     settings: RunSettings
     run_id: str | None = None
     resume: Path | None = None
-    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    jobs: int = field(default_factory=cores.usable)
     budgets: Budgets = DEFAULT_BUDGETS  # every time limit (`--timeout`, `--compile-timeout`: `Budgets.of`)
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     only: list[str] | None = None
