@@ -164,11 +164,15 @@ def run_kbeval(tree: Path, jobs: int, deadline: float) -> dict:
     rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / "kbeval.log", deadline)
     verdicts, sessions = read_run(run_dir)
     statuses: dict[str, int] = {}
+    errors: dict[str, int] = {}  # what went wrong, the most common first: a corpus that fails says why
     for v in verdicts:
         statuses[v["status"]] = statuses.get(v["status"], 0) + 1
+        if v["status"] != "ok" and v.get("error"):
+            errors[v["error"][:300]] = errors.get(v["error"][:300], 0) + 1
     return {"rc": rc, "wall_s": round(sum(x.get("wall_s", 0.0) for x in sessions) or wall, 1),
             "sessions": len(sessions), "verdicts": len(verdicts), "statuses": statuses,
-            "phases": _summed(sessions), "log_tail": tail(tree / "kbeval.log", 1500)}
+            "phases": _summed(sessions), "log_tail": tail(tree / "kbeval.log", 1500),
+            "errors": sorted(errors.items(), key=lambda kv: -kv[1])[:5]}
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -233,7 +237,7 @@ def main() -> None:
     if args.generate_only:
         print(write_corpus(args.kb, args.generate_only, args.problems, args.per_problem, levels), "candidates")
         return
-    tree = args.tree or Path(tempfile.mkdtemp(prefix="kbeval-distinct-"))
+    tree = (args.tree or Path(tempfile.mkdtemp(prefix="kbeval-distinct-"))).resolve()
     if (tree / "floor.json").exists():  # a second device call: the same corpus, its run resumed
         floor = json.loads((tree / "floor.json").read_text())
         count = len(list((tree / "candidates").glob("*.py")))

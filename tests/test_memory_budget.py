@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
 from conftest import pythonpath
 
 from kernelbench_eval.common import memory
 from kernelbench_eval.common.memory import Footprint, parse_bytes, peak_bytes, plan
+from kernelbench_eval.requests import CloseExchangeRequest, OpenExchangeRequest, TimeRequest
+from kernelbench_eval.worker.reference import CheckerWorker
 
 GB = 10**9
 
@@ -234,3 +238,62 @@ def test_an_allocators_words_are_read() -> None:
     assert memory.asked_bytes("Tried to allocate 512.00 MiB") == 512 << 20 and memory.asked_bytes("no size") is None
     assert memory.names_memory("OutOfMemoryError: CUDA out of memory.") and memory.names_memory("can't allocate memory")
     assert not memory.names_memory("illegal memory access")
+
+
+# --- the lean checker holds what the plan counts, no more (45_Average_Pooling_2D ran out holding 3 sets, asking a 4th)
+
+
+class _Double(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x)
+        return x * 2
+
+
+def _lean_checker(lean: bool) -> CheckerWorker:
+    worker = CheckerWorker()
+    worker.set_seeds = {"trial0": 11, "timing0": 12}
+    worker.draw_from = (lambda: [torch.rand(64)], "cpu", None)
+    worker.models["main"], worker.lean = _Double(), lean
+    return worker
+
+
+def test_a_lean_checker_draws_its_timing_set_for_each_candidate_and_lets_its_buffers_go(tmp_path: Path) -> None:
+    """Its timing base set is not kept but drawn (the same values from its seed); a new candidate's exchange
+    frees the last timing's live buffers, kept outputs and graph; a plan that is not lean keeps them."""
+    for lean in (True, False):
+        worker = _lean_checker(lean)
+        worker.op_time(TimeRequest(input_sets=["timing0"], warmup=1, warmup_seconds=60))
+        worker.op_time(TimeRequest(input_sets=["timing0"], schedule=[(0, 1.0, 5)]))
+        assert "timing0" not in worker.sets and worker.rotation is not None and worker.kept
+        assert torch.equal(worker.rotation.bases[0][0], worker.draw("timing0")[0])  # its seed's values
+        worker.leave_timing()
+        worker.op_open_exchange(OpenExchangeRequest(size=1024, shm_dir=str(tmp_path)))
+        assert (worker.rotation is None and not worker.kept) == lean
+        worker.op_close_exchange(CloseExchangeRequest())
+
+
+def test_a_set_drawn_for_one_reference_call_is_not_copied_first() -> None:
+    """Expected outputs computed again (not resident) run the reference on the set drawn for them, no second copy;
+    a kept set is copied first (the reference may write its inputs)."""
+    worker = _lean_checker(True)
+    worker.expected = [None]
+    made: list[torch.Tensor] = []
+    draw = worker.draw
+    worker.draw = lambda name: made.append(draw(name)[0]) or [made[-1]]  # type: ignore[method-assign]
+    out = worker.expected_outputs(0)
+    assert worker.models["main"].seen[-1] is made[-1] and torch.equal(out[0], made[-1] * 2)
+    kept = worker.sets["trial0"] = draw("trial0")
+    worker.recent = None
+    worker.expected_outputs(0)
+    assert worker.models["main"].seen[-1] is not kept[0] and torch.equal(worker.models["main"].seen[-1], kept[0])
+
+
+def test_a_lean_plan_keeps_no_timing_set_between_candidates() -> None:
+    fp = Footprint(input_bytes=GB, output_bytes=1 << 20, transient_bytes=0, trials=5, timing_sets=1)
+    kept = memory.Residency(False, False, 1, 1, 0, 0, True)
+    assert kept.resident_bytes(fp) == GB and memory.Residency(False, False, 1, 1, 0, 0, True, lean=True
+                                                              ).resident_bytes(fp) == 0

@@ -170,7 +170,8 @@ class JudgeOptions:
                                                           *["smoke"] * self.smoke]]
 
     def cache(self) -> Path:
-        return self.cache_dir or default_cache_dir()
+        """Absolute: build workers and the compilers they start do not run in this process's folder."""
+        return (self.cache_dir or default_cache_dir()).expanduser().resolve()
 
     def run_fields(self) -> dict[str, Any]:
         """The `RunOptions` fields these options set besides the settings."""

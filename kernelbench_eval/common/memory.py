@@ -23,8 +23,12 @@ reference call a trial), then the second input placement, then timing bases down
 the budget, the plan is `lean`: the candidate keeps no copy of its input sets but reads them where the checker put
 them in the exchange (which then holds an input set and a block's outputs side by side, not in turn), and refills
 its live buffers from there. An input set the candidate writes over there is only its own inputs changed: the
-checker computes the reference from its private copies. 45_Average_Pooling_2D at its current size (17.2 GB an input
-set) on an 80 GB card: about 92 GB at the least plan, about 76 GB lean.
+checker computes the reference from its private copies. The checker then keeps nothing of a timing between
+candidates either (its base set is drawn again for each timing, its live buffers made again), and computes a
+trial's expected outputs on the set it drew for them, without a copy: the peak is what `peak_bytes` counts (a
+measured run that held them all ran out on an 80 GB card: 48.5 GiB held, 16 more asked).
+45_Average_Pooling_2D at its current size (17.2 GB an input set) on an 80 GB card: about 92 GB at the
+least plan, about 76 GB lean.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class Residency:
     def resident_bytes(self, fp: Footprint) -> int:
         """What the checker keeps between candidates (the lanes' memory share counts it)."""
         return (fp.trials * fp.input_bytes * self.trial_inputs + fp.trials * fp.output_bytes * self.expected
-                + self.timing_sets * fp.input_bytes)
+                + self.timing_sets * fp.input_bytes * (not self.lean))
 
 
 def peak_bytes(fp: Footprint, trial_inputs: bool, expected: bool, timing_sets: int, placements: int,

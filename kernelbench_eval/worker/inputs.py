@@ -32,6 +32,7 @@ class CheckerInputs(TimingWorker):
         self.trial_distributions: dict[str, str] = {}  # each trial's distribution, as settled (`trials`)
         self.free_at_start: int | None = None  # the device's free memory before the first set was drawn
         self.input_bytes = 0  # one input set's
+        self.lean = False  # the memory plan is lean: nothing of a timing outlives its candidate (`memory`)
 
     def op_prepare(self, req: PrepareRequest) -> PrepareReply:
         """Apply size overrides, write the init arguments, and learn how to make one input set per secret seed.
@@ -80,6 +81,10 @@ class CheckerInputs(TimingWorker):
         drawn = reshape(draw_inputs(get_inputs, seed, device), self.distribution(name), seed)
         inputs = cast_inputs(drawn, precision)
         return [x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def timing_inputs(self, name: str) -> list[Any]:
+        """A timing base set: kept, or (a lean plan keeps none between candidates) drawn again from its seed."""
+        return self.inputs(name)
 
     def distribution(self, name: str) -> str:
         """The distribution set `name` is drawn in: a trial's as settled (`normal` where the reference refused

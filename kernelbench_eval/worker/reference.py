@@ -57,6 +57,10 @@ class CheckerWorker(CheckerTrials):
 
     def op_open_exchange(self, req: OpenExchangeRequest) -> ExchangeReply:
         self._close_exchange()
+        if self.lean:  # a new candidate: the last one's timing buffers go first, as the plan counted (`memory`)
+            self.drop_rotation()
+            self.kept, self.store, self.recent = [], [], None
+            release(self.device)
         self.blocks_compared = 0  # a new candidate (or baseline): its first block is held to the stand-in
         self.exchange = Exchange.create(self.device, req.size, req.shm_dir, prefer_ipc=req.prefer_ipc)
         return ExchangeReply(ok=True, exchange=self.exchange.info)

@@ -55,7 +55,7 @@ class TimingWorker(WorkerBase):
         names = tuple(req.input_sets)
         if self.rotation is None or self.rotation_sets != names:
             self.leave_timing()  # the new buffers must not come from the exchange's pool
-            self.rotation = refill.Rotation([self.sets[n] for n in names],
+            self.rotation = refill.Rotation([self.timing_inputs(n) for n in names],
                                             self.placements if self.device == "cuda" else 1)
             self.rotation_sets = names
         model = self.models[req.model]
@@ -135,6 +135,14 @@ class TimingWorker(WorkerBase):
         if pooled is not None:
             scope.enter_context(pooled.allocating())
         self.timing_scope, self.timing_pool = scope, pooled
+
+    def timing_inputs(self, name: str) -> list[Any]:
+        """The base set `name` of the timed calls: the one this worker holds (the checker's may be drawn again)."""
+        return self.sets[name]
+
+    def drop_rotation(self) -> None:
+        """Let go of the timed calls' inputs, live buffers and graph: the next timing makes them again."""
+        self.rotation, self.rotation_sets, self.replay, self.graph_error = None, (), None, None
 
     def leave_timing(self) -> None:
         if self.timing_scope is not None:

@@ -101,7 +101,8 @@ class CheckerTrials(CheckerInputs):
         note = self.truth_note = STATEFUL_NOTE if self.stateful else maker_note(self.truths, maker)
         del maker  # the float64 copy goes before the timing sets are drawn
         assert plan is not None and footprint is not None
-        for k in range(plan.timing_sets):
+        self.lean = plan.lean
+        for k in range(plan.timing_sets * (not plan.lean)):  # lean: drawn for each timing, not kept in between
             self.sets[f"timing{k}"] = self.inputs(f"timing{k}")
         self.placements = plan.placements
         release(self.device)  # what the plan let go goes back to the device, for the candidate's process
@@ -162,20 +163,23 @@ class CheckerTrials(CheckerInputs):
             return kept
         if self.recent is None or self.recent[0] != trial:
             self.recent = None  # its memory goes before the next one is made
-            outs, _ = reference_call(self.models["main"], self.inputs(f"trial{trial}"), self.device)
+            name = f"trial{trial}"
+            drawn = name not in self.sets  # drawn for this call alone: the reference may have it, no copy made
+            outs, _ = reference_call(self.models["main"], self.inputs(name), self.device, fresh=drawn)
             assert not isinstance(outs, ExpectReply)
             self.recent = (trial, outs)
         return self.recent[1]
 
 
-def reference_call(model: Any, inputs: list[Any], device: str, measure: bool = False
+def reference_call(model: Any, inputs: list[Any], device: str, measure: bool = False, fresh: bool = False
                    ) -> tuple[list[Any] | ExpectReply, int]:
-    """The reference on fresh copies of `inputs`: (its outputs, bytes it allocated beyond inputs and outputs
-    at its peak, when `measure`); an error reply when it returns anything but tensors."""
+    """The reference on fresh copies of `inputs` (`fresh`: they are already, drawn for this call alone): (its
+    outputs, bytes it allocated beyond inputs and outputs at its peak, when `measure`); an error reply when it
+    returns anything but tensors."""
     torch = _torch()
     before = peak_memory(device, reset=measure) if measure else 0
     with torch.no_grad():
-        copies = [_clone(x) for x in inputs]
+        copies = list(inputs) if fresh else [_clone(x) for x in inputs]
         outs = as_list(model(*copies))
         _sync(device)
     if not all(type(o) is torch.Tensor for o in outs):
