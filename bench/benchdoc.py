@@ -47,7 +47,7 @@ def machine_line(device: str) -> str:
     else:
         what = f"CPU {platform.processor() or platform.machine()}"
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    commit = git.stdout.strip() if git.returncode == 0 else os.environ.get("KBEVAL_TREE", "no git here")
+    commit = os.environ.get("KBEVAL_TREE") or (git.stdout.strip() if git.returncode == 0 else "no git here")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cores = len(os.sched_getaffinity(0))  # under taskset: the cores the bench was given, not the host's
     return (f"{what}, {cores} CPU cores, PyTorch {torch.__version__}, Python {platform.python_version()}; "

@@ -104,13 +104,29 @@ def test_several_gpus_are_judged_against_one_lane_alone():
 
 def test_a_run_finished_in_a_second_call_counts_both_sessions():
     """A device call's limit cuts the 400-candidate run; `--resume` in the next call finishes it, and the account
-    adds the two sessions up (phases.json keeps one entry per session)."""
-    sessions = [{"wall_s": 540.0, "running_s": {"build": 500.0, "reference": 60.0, "judge": 200.0}, "idle_s": 1.0},
-                {"wall_s": 200.0, "running_s": {"build": 20.0, "reference": 10.0, "judge": 180.0}, "idle_s": 0.5}]
+    adds the two sessions up (phases.json keeps one entry per session), builds finished included."""
+    sessions = [{"wall_s": 540.0, "running_s": {"build": 500.0, "reference": 60.0, "judge": 200.0}, "idle_s": 1.0,
+                 "done": {"build": 300, "reference": 90, "judge": 250}},
+                {"wall_s": 200.0, "running_s": {"build": 20.0, "reference": 10.0, "judge": 180.0}, "idle_s": 0.5,
+                 "done": {"build": 100, "reference": 10, "judge": 150}}]
     total = distinct_corpus._summed(sessions)
     assert total == {"running_s": {"build": 520.0, "reference": 70.0, "judge": 380.0}, "idle_s": 1.5,
-                     "bound": "build"}
-    assert distinct_corpus._summed([]) == {"running_s": {}, "idle_s": 0.0, "bound": None}
+                     "done": {"build": 400, "reference": 100, "judge": 400}, "bound": "build"}
+    assert distinct_corpus._summed([]) == {"running_s": {}, "done": {}, "idle_s": 0.0, "bound": None}
+
+
+def test_a_cut_run_says_how_far_it_got_and_rates_only_its_finished_builds():
+    """52 of 100 judged when the deadline cut it, 68 builds finished in 327 s of building: no minutes line for the
+    whole corpus, and the rate is 68 builds', not 100 candidates'."""
+    floor = {"wall_s": 64.7, "cpu_s": 70.0, "cores": 16, "builds_per_s": 16 / 70.0}
+    run = {"wall_s": 327.3, "sessions": 1, "verdicts": 52, "statuses": {"ok": 52},
+           "phases": {"running_s": {"build": 327.0}, "done": {"build": 68}, "idle_s": 0.3, "bound": "build"}}
+    text, numbers = distinct_corpus.section(run, floor, 100, 100, "cmd")
+    assert numbers == {"distinct_cold_partial": "52/100 judged in 5.46 min",
+                       "build_rate_vs_floor": round(68 / 327.0 / (16 / 70.0), 3)}
+    whole = {**run, "verdicts": 100, "statuses": {"ok": 100}, "phases": {**run["phases"], "done": {"build": 100}}}
+    assert distinct_corpus.section(whole, floor, 100, 100, "cmd")[1]["distinct100_cold_minutes"] == 5.46
+    assert "| builds finished, and per second over the build phase | 68, 0.208 |" in text
 
 
 def test_a_runs_verdicts_and_sessions_are_read_as_far_as_it_got(tmp_path):

@@ -112,6 +112,10 @@ def test_the_phase_account_splits_wall_time_by_what_ran(monkeypatch, tmp_path):
     assert summary["running_s"] == {"build": 20, "reference": 0, "judge": 4}
     assert summary["alone_s"] == {"build": 16, "reference": 0, "judge": 0}
     assert summary["worker_s"] == {"build": 29, "reference": 0, "judge": 4} and summary["bound"] == "build"
+    assert summary["done"] == {"build": 2, "reference": 0, "judge": 1}
+    with pytest.raises(KeyboardInterrupt), book.phase("build"):  # cut short: ran, but did not finish
+        raise KeyboardInterrupt
+    assert book.summary()["done"]["build"] == 2
     assert phases.line(summary) == "time 22 s: build 20 s, references 0 s, judge 4 s, idle 2 s (build-bound)"
     phases.record(tmp_path, summary)
     phases.record(tmp_path, summary)  # a resumed run adds its session

@@ -3,9 +3,10 @@
 Why: at research scale a run is bound by one floor (the compilers, the GPUs, or the harness between them), and a
 wall time alone cannot say which (issue 38). Each phase is entered and left around the work itself (a compile, a
 reference opened ahead of its candidates, a candidate judged), from any thread; the account keeps, for every mix
-of phases running at once, how long that mix lasted, and for each phase its worker-seconds (two lanes judging for
-10 s are 20 lane-seconds). `kbeval run` writes it to `RUN_DIR/phases.json` (one entry per session: a resume adds
-one) and `summary.json` carries it.
+of phases running at once, how long that mix lasted, for each phase its worker-seconds (two lanes judging for
+10 s are 20 lane-seconds), and how many of its entries ran to their end (a rate needs the builds finished, not
+the candidates a cut run was given). `kbeval run` writes it to `RUN_DIR/phases.json` (one entry per session: a
+resume adds one) and `summary.json` carries it.
 """
 
 from __future__ import annotations
@@ -31,18 +32,22 @@ class Account:
         self._started = self._since = time.monotonic()
         self._mixes: Counter[tuple[str, ...]] = Counter()  # phases running together -> seconds
         self._work: Counter[str] = Counter()  # phase -> worker-seconds
+        self._done: Counter[str] = Counter()  # phase -> entries that ran to their end (an interrupted one did not)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         with self._lock:
             self._tick()
             self._active[name] += 1
+        finished = False
         try:
             yield
+            finished = True
         finally:
             with self._lock:
                 self._tick()
                 self._active[name] -= 1
+                self._done[name] += finished
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -57,13 +62,13 @@ class Account:
         worker-seconds of each; `bound` names the phase that was running for most of the wall time."""
         with self._lock:
             self._tick()
-            mixes, work, wall = dict(self._mixes), dict(self._work), self._since - self._started
+            mixes, work, wall, done = dict(self._mixes), dict(self._work), self._since - self._started, dict(self._done)
         running = {p: round(sum(s for mix, s in mixes.items() if p in mix), 3) for p in PHASES}
         only = {p: round(mixes.get((p,), 0.0), 3) for p in PHASES}
         busiest = max(PHASES, key=lambda p: running[p])
         return {"wall_s": round(wall, 3), "running_s": running, "alone_s": only,
                 "idle_s": round(mixes.get((), 0.0), 3), "worker_s": {p: round(work.get(p, 0.0), 3) for p in PHASES},
-                "bound": busiest if running[busiest] > 0 else "idle"}
+                "done": {p: done.get(p, 0) for p in PHASES}, "bound": busiest if running[busiest] > 0 else "idle"}
 
 
 def record(run_dir: Path, summary: dict[str, object]) -> None:

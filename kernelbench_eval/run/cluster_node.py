@@ -44,7 +44,7 @@ def node_label() -> str:
 def node_cache(driver_cache: str) -> Path:
     """This node's build cache: the KBEVAL_CACHE_DIR of its `ray start`, else the driver's --cache-dir path."""
     env = os.environ.get("KBEVAL_CACHE_DIR")
-    return Path(env) if env else Path(driver_cache)
+    return (Path(env) if env else Path(driver_cache)).expanduser().resolve()  # its workers run elsewhere
 
 
 def write(path: Path, data: bytes) -> None:
