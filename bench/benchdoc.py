@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # this checkout's harness, as `kbeval_env` gives the runs it starts
+    sys.path.insert(0, str(REPO))
+
+from kernelbench_eval.isolation.cores import usable as usable_cores  # noqa: E402  (taskset: the cores given)
 
 
 def out_dir() -> Path | None:
@@ -49,8 +53,7 @@ def machine_line(device: str) -> str:
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     commit = os.environ.get("KBEVAL_TREE") or (git.stdout.strip() if git.returncode == 0 else "no git here")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    cores = len(os.sched_getaffinity(0))  # under taskset: the cores the bench was given, not the host's
-    return (f"{what}, {cores} CPU cores, PyTorch {torch.__version__}, Python {platform.python_version()}; "
+    return (f"{what}, {usable_cores()} CPU cores, PyTorch {torch.__version__}, Python {platform.python_version()}; "
             f"{when}; harness {commit}.")
 
 

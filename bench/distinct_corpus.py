@@ -38,9 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
-from benchdoc import REPO, kbeval_env, machine_line, out_dir, run_bounded, tail, write_section
+from benchdoc import REPO, kbeval_env, machine_line, out_dir, run_bounded, tail, usable_cores, write_section
 
 SECTION = "## Distinct candidates at scale"
 _NUMBERED = re.compile(r"(\d+)_.*\.py")
@@ -146,7 +147,7 @@ def nvcc_floor(work: Path) -> dict[str, float]:
     if proc.returncode != 0:
         raise SystemExit(f"the floor's build failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     wall_s, cpu_s = map(float, proc.stdout.split()[-2:])
-    cores = len(os.sched_getaffinity(0))  # under taskset: the cores this bench was given
+    cores = usable_cores()
     return {"wall_s": round(wall_s, 2), "cpu_s": round(cpu_s, 2), "cores": cores,
             "builds_per_s": round(cores / cpu_s, 4)}
 
@@ -163,16 +164,13 @@ def run_kbeval(tree: Path, jobs: int, deadline: float) -> dict:
                 "--jobs", str(jobs)]
     rc, wall = run_bounded(args, kbeval_env(tree / "cache"), tree / "kbeval.log", deadline)
     verdicts, sessions = read_run(run_dir)
-    statuses: dict[str, int] = {}
-    errors: dict[str, int] = {}  # what went wrong, the most common first: a corpus that fails says why
-    for v in verdicts:
-        statuses[v["status"]] = statuses.get(v["status"], 0) + 1
-        if v["status"] != "ok" and v.get("error"):
-            errors[v["error"][:300]] = errors.get(v["error"][:300], 0) + 1
+    statuses = dict(Counter(v["status"] for v in verdicts))
+    errors = Counter(v["error"][:300] for v in verdicts if v["status"] != "ok" and v.get("error"))  # a corpus
+    # that fails says why, the commonest first
     return {"rc": rc, "wall_s": round(sum(x.get("wall_s", 0.0) for x in sessions) or wall, 1),
             "sessions": len(sessions), "verdicts": len(verdicts), "statuses": statuses,
             "phases": _summed(sessions), "log_tail": tail(tree / "kbeval.log", 1500),
-            "errors": sorted(errors.items(), key=lambda kv: -kv[1])[:5]}
+            "errors": errors.most_common(5)}
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -209,13 +207,13 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
     says how far it got, and the rate its finished builds had (never the candidates it was given over its time)."""
     build_s = (run["phases"].get("running_s") or {}).get("build") or 0.0
     built = (run["phases"].get("done") or {}).get("build", 0)
-    rate = built / build_s if build_s and built else float("nan")
+    rate = built / build_s if build_s and built else None
     numbers: dict[str, object] = {}
     if run["verdicts"] >= count:
         numbers[f"distinct{count}_cold_minutes"] = round(run["wall_s"] / 60, 2)
     else:
         numbers["distinct_cold_partial"] = f"{run['verdicts']}/{count} judged in {run['wall_s'] / 60:.2f} min"
-    numbers["build_rate_vs_floor"] = round(rate / floor["builds_per_s"], 3) if rate == rate else float("nan")
+    numbers["build_rate_vs_floor"] = round(rate / floor["builds_per_s"], 3) if rate else float("nan")
     lines = [SECTION, "", "```", *(f"{k}: {v}" for k, v in numbers.items()), "```", "",
              machine_line("cuda"), f"Command: `{command}`. {count} distinct candidates over {problems} problems, "
              f"cold, `--no-compile-baseline`; {run['verdicts']} judged, in {run['sessions']} session(s) (a second "
@@ -226,7 +224,7 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
              f"| per-phase account (s running: build, reference, judge; idle) | "
              f"{run['phases'].get('running_s')}; idle {run['phases'].get('idle_s')}; bound: "
              f"{run['phases'].get('bound')} |",
-             f"| builds finished, and per second over the build phase | {built}, {rate:.3g} |",
+             f"| builds finished, and per second over the build phase | {built}, {f'{rate:.3g}' if rate else '-'} |",
              f"| the floor: one plain `load_inline` build alone | {floor['wall_s']} s wall, {floor['cpu_s']} CPU s; "
              f"{floor['cores']} cores allow {floor['builds_per_s']:.3g} builds/s |", ""]
     return "\n".join(lines), numbers
@@ -235,7 +233,7 @@ def section(run: dict, floor: dict, count: int, problems: int, command: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     corpus_arguments(parser, problems=100, per_problem=4)
-    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--jobs", type=int, default=usable_cores())
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the kbeval run may take")
     parser.add_argument("--generate-only", type=Path, help="write the corpus here and stop")
     parser.add_argument("--tree", type=Path, help="keep the corpus, cache and run here; run again with the same "

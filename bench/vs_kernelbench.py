@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchdoc import REPO, write_section
+from benchdoc import REPO, usable_cores, write_section
 
 SECTION = "## vs KernelBench"
 
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--problems", type=Path, default=REPO / "problems")
     parser.add_argument("--candidates", type=Path, default=REPO / "candidates")
     parser.add_argument("--problem", action="append", default=[], help="only these problem ids (repeatable)")
-    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--jobs", type=int, default=usable_cores())
     parser.add_argument("--out-md", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--copies", type=int, default=1, help="distinct copies of each candidate (own builds)")
     parser.add_argument("--kb-from", type=Path, help="model KernelBench from this earlier vs_kernelbench.json "
@@ -188,7 +188,7 @@ def main() -> None:
     import torch
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = [f"{gpu}, {len(os.sched_getaffinity(0))} CPU cores, PyTorch {torch.__version__}; {when}.",
+    header = [f"{gpu}, {usable_cores()} CPU cores, PyTorch {torch.__version__}; {when}.",
               f"{count} GPU candidate{'s' if count != 1 else ''} of the seed corpus "
               f"({', '.join(args.problem) or 'every problem'}), real sizes. "
               f"Command: `python3 bench/vs_kernelbench.py --kb .anchors/kernelbench"

@@ -47,7 +47,7 @@ class CheckerWorker(CheckerTrials):
         """Another problem's candidates are judged on this lane meanwhile: free what only a timing needed (the
         last block's outputs and their storage, the allocator's cached blocks); the input sets and expected
         outputs stay."""
-        self.kept, self.store, self.recent = [], [], None
+        self._drop_timed_outputs()
         if self.device == "cuda":
             flush.release_flush()
             if self.rotation is not None:
@@ -55,11 +55,15 @@ class CheckerWorker(CheckerTrials):
             _torch().cuda.empty_cache()
         return Reply(ok=True)
 
+    def _drop_timed_outputs(self) -> None:
+        """The last block's outputs, their storage and the last recomputed expected outputs."""
+        self.kept, self.store, self.recent = [], [], None
+
     def op_open_exchange(self, req: OpenExchangeRequest) -> ExchangeReply:
         self._close_exchange()
         if self.lean:  # a new candidate: the last one's timing buffers go first, as the plan counted (`memory`)
             self.drop_rotation()
-            self.kept, self.store, self.recent = [], [], None
+            self._drop_timed_outputs()
             release(self.device)
         self.blocks_compared = 0  # a new candidate (or baseline): its first block is held to the stand-in
         self.exchange = Exchange.create(self.device, req.size, req.shm_dir, prefer_ipc=req.prefer_ipc)
