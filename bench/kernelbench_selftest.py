@@ -29,6 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("level1", "level2", "level3")
 NOTICE = "Problems from KernelBench (https://github.com/ScalingIntelligence/KernelBench), MIT licence, commit {}.\n"
 SPEEDUP_RANGE = (0.97, 1.03)
+# Issue 35, item 3: an identical copy's interval, by the reference's device time a call, must be no wider than this
+# (half-width as a fraction), and cover 1.0 in at least COVERING of the levels it names.
+WIDTH_GOALS = ((0.020, 0.03, "20us"), (0.005, 0.10, "5us"))  # (at or above ms, half-width, line suffix)
+WIDTH_LEVELS = ("level1", "level2")
+COVERING = 0.95
 
 
 def export(kb: Path, commit: str, to: Path) -> None:
@@ -98,6 +103,8 @@ def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float
         (out / "table.md").write_text("\n".join(table(rows)) + "\n")
     passing = [r for r in rows if passes(r)]
     print(f"kernelbench_{label}_selftest_ok: {len(passing)}/{len(rows)}")
+    for line in width_lines(rows, label):
+        print(line)
     return 0 if rows and len(passing) == len(rows) else 1
 
 
@@ -131,13 +138,43 @@ def ballast(free_gib: float) -> subprocess.Popen:
 def _row(v: dict) -> dict:
     """A summary row from a verdict (what `kbeval selftest` prints, for a level the deadline cut off)."""
     return {"problem": v["problem"], "status": v["status"], "speedup": v.get("speedup_vs_eager"),
-            "ci": v.get("speedup_vs_eager_ci"), "error": v.get("error")}
+            "ci": v.get("speedup_vs_eager_ci"), "error": v.get("error"),
+            "ref_median_ms": (v.get("ref_runtime_stats") or {}).get("median_ms")}
 
 
 def passes(row: dict) -> bool:
     ci = row.get("ci")
     return (row["status"] == "ok" and row.get("speedup") is not None
             and SPEEDUP_RANGE[0] <= row["speedup"] <= SPEEDUP_RANGE[1] and bool(ci) and ci[0] <= 1.0 <= ci[1])
+
+
+def half_width(row: dict) -> float | None:
+    """The interval's geometric half-width, sqrt(high / low) - 1: +-3 % reads 0.03."""
+    ci = row.get("ci")
+    return (ci[1] / ci[0]) ** 0.5 - 1 if ci and ci[0] > 0 else None
+
+
+def width_lines(rows: list[dict], label: str) -> list[str]:
+    """Issue 35's lines over levels 1-2: for each time band (a reference at or above 20 us a call; 5-20 us), the
+    widest interval of an `ok` copy and how many meet the band's goal; and how many of those intervals cover 1.0.
+    A copy that is not `ok`, or has no interval, counts against the goal: it is a self-test that did not resolve."""
+    judged = [r for r in rows if r.get("level") in WIDTH_LEVELS]
+    lines, upper = [], float("inf")
+    for low_ms, goal, suffix in WIDTH_GOALS:
+        band = [r for r in judged if r.get("ref_median_ms") is not None and low_ms <= r["ref_median_ms"] < upper]
+        widths = [w for r in band if r["status"] == "ok" and (w := half_width(r)) is not None]
+        within = sum(w <= goal for w in widths)
+        widest = f"widest +-{max(widths):.1%}" if widths else "no interval"
+        under = "" if upper == float("inf") else f", under {upper * 1000:g} us"
+        lines.append(f"small_kernel_ci_halfwidth_{suffix}: {within}/{len(band)} within +-{goal:.0%} ({widest}; "
+                     f"reference {low_ms * 1000:g} us a call or more{under})")
+        upper = low_ms
+    held = [r for r in judged if r["status"] == "ok" and r.get("ci")]
+    covering = sum(r["ci"][0] <= 1.0 <= r["ci"][1] for r in held)
+    share = covering / len(held) if held else 0.0
+    lines.append(f"selftest_{label}_covering_one: {covering}/{len(held)} ({share:.1%}, goal {COVERING:.0%}; "
+                 f"{', '.join(WIDTH_LEVELS)})")
+    return lines
 
 
 def table(rows: list[dict]) -> list[str]:

@@ -1,0 +1,45 @@
+"""bench/kernelbench_selftest.py's issue-35 lines, on known rows: the interval widths of identical copies by the
+reference's time a call, and how many cover 1.0. A copy that did not resolve counts against the goal."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import kernelbench_selftest as ks  # noqa: E402
+
+
+def _row(level: str, ms: float | None, ci: tuple[float, float] | None, status: str = "ok") -> dict:
+    return {"level": level, "problem": f"p{ms}", "status": status, "ref_median_ms": ms, "ci": ci, "speedup": 1.0}
+
+
+def test_half_width_is_geometric() -> None:
+    assert abs(ks.half_width({"ci": (0.98, 1.02)}) - 0.0202) < 1e-3
+    assert abs(ks.half_width({"ci": (1 / 1.1, 1.1)}) - 0.1) < 1e-9
+    assert ks.half_width({"ci": None}) is None
+
+
+def test_width_lines_count_each_band_and_the_misses() -> None:
+    rows = [
+        _row("level1", 0.5, (0.985, 1.015)),        # >= 20 us, +-1.5 %: within
+        _row("level1", 0.030, (0.95, 1.05)),       # >= 20 us, +-5.1 %: outside +-3 %
+        _row("level2", 0.025, None, "runtime_error"),  # >= 20 us, no verdict: counts against
+        _row("level2", 0.010, (0.95, 1.05)),        # 5-20 us, +-5.1 %: within +-10 %
+        _row("level1", 0.006, (1.02, 1.30)),        # 5-20 us, +-13 %, excludes 1
+        _row("level1", 0.002, (0.5, 2.0)),          # under 5 us: in no band
+        _row("level3", 0.5, (0.5, 0.6)),            # level 3: not counted
+    ]
+    twenty, five, covering = ks.width_lines(rows, "2025")
+    assert twenty.startswith("small_kernel_ci_halfwidth_20us: 1/3 within +-3% (widest +-5.1%")
+    assert five.startswith("small_kernel_ci_halfwidth_5us: 1/2 within +-10% (widest +-12.9%")
+    assert "under 20 us" in five
+    assert covering.startswith("selftest_2025_covering_one: 4/5 (80.0%")
+
+
+def test_width_lines_say_when_nothing_resolved() -> None:
+    twenty, five, covering = ks.width_lines([_row("level1", 0.1, None, "crashed")], "current")
+    assert twenty.startswith("small_kernel_ci_halfwidth_20us: 0/1 within +-3% (no interval")
+    assert five.startswith("small_kernel_ci_halfwidth_5us: 0/0")
+    assert covering.startswith("selftest_current_covering_one: 0/0")
