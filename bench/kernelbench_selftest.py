@@ -54,19 +54,27 @@ def export(kb: Path, commit: str, to: Path) -> None:
     print(f"{count} problems of {', '.join(LEVELS)} at {full[:10]} in {to}")
 
 
-def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float) -> int:
+def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float, keep: Path | None = None) -> int:
     """`kbeval selftest` level by level (ids repeat across levels); rows and the summary line, rewritten after each
-    level (a level cut off by `deadline` seconds is said so, the others kept)."""
+    level (a level cut off by `deadline` seconds is said so, the others kept). `keep`: an earlier run's
+    selftest.json, whose problems are not judged again (a run cut off by a machine's time limit, finished later)."""
     out.mkdir(parents=True, exist_ok=True)
+    kept = json.loads(keep.read_text())["rows"] if keep else []
     rows: list[dict] = []
     started = time.monotonic()
     for level in LEVELS:
         folder = problems / level
         if not folder.is_dir():
             continue
+        done = [r for r in kept if r["level"] == level]
+        rows += done
+        todo = sorted({f.stem for f in folder.glob("*.py")} - {r["problem"] for r in done})
+        if not todo:
+            continue
         results = out / f"results-{level}"
+        only = [a for p in todo for a in ("--problem", p)] if done else []
         cmd = [sys.executable, "-m", "kernelbench_eval", "selftest", "--problems", str(folder), "--json",
-               "--out", str(results), *extra]
+               "--out", str(results), *only, *extra]
         log, printed = out / f"{level}.log", out / f"{level}.json"
         with log.open("w") as sink, printed.open("w") as answer:
             proc = subprocess.Popen(cmd, stdout=answer, stderr=sink, text=True, cwd=ROOT,
@@ -205,6 +213,8 @@ def main() -> int:
     go.add_argument("--label", default="current")
     go.add_argument("--out", type=Path, required=True)
     go.add_argument("--deadline", type=float, default=3600.0, help="seconds for all levels together")
+    go.add_argument("--keep", type=Path, help="an earlier run's selftest.json: its rows are kept and its problems "
+                    "not judged again")
     go.add_argument("--free-gib", type=float, help="leave each GPU this much free memory, no more (a ballast "
                     "process holds the rest): 79.0 judges an H200 as an 80 GB H100 has it free")
     args, extra = parser.parse_known_args()
@@ -213,7 +223,7 @@ def main() -> int:
         return 0
     held = ballast(args.free_gib) if args.free_gib else None
     try:
-        return run(args.problems, args.label, args.out, [a for a in extra if a != "--"], args.deadline)
+        return run(args.problems, args.label, args.out, [a for a in extra if a != "--"], args.deadline, args.keep)
     finally:
         if held:
             held.kill()
