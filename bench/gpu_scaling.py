@@ -64,12 +64,22 @@ def compare(single: dict, several: dict) -> dict:
             "inside": inside, "timed": timed, "lanes": len({v["lane"] for v in several["verdicts"].values()})}
 
 
+def whole(run: dict, count: int) -> bool:
+    """A run that judged every candidate and exited by itself: only such a run's judging seconds compare."""
+    return run["rc"] == 0 and len(run["verdicts"]) == count
+
+
 def section(runs: dict[int, dict], checks: dict[int, dict], count: int, command: str) -> tuple[str, dict]:
-    base = runs[1]["judge_s"]
+    base = runs[1]["judge_s"] if whole(runs[1], count) else None
     numbers: dict[str, object] = {}
     for n in sorted(runs):
-        if n > 1 and base and runs[n]["judge_s"]:
+        if n == 1:
+            continue
+        if base and runs[n]["judge_s"] and whole(runs[n], count):
             numbers[f"gpus{n}_judging_speedup"] = round(base / runs[n]["judge_s"], 2)
+        else:  # a run cut off by its deadline judged fewer candidates: its seconds say nothing of the whole
+            cut = [str(k) for k in (1, n) if not whole(runs[k], count)]
+            numbers[f"gpus{n}_judging_speedup"] = f"not measured (the run on {' and '.join(cut)} GPU(s) was cut off)"
     numbers["gpus_statuses_identical"] = all(c["statuses_identical"] for c in checks.values())
     inside = sum(c["inside"] for c in checks.values())
     timed = sum(c["timed"] for c in checks.values())
@@ -81,7 +91,8 @@ def section(runs: dict[int, dict], checks: dict[int, dict], count: int, command:
     for n in sorted(runs):
         c = checks.get(n)
         inside_n = f"{c['inside']}/{c['timed']}" if c else "-"
-        lines.append(f"| {n} | {c['lanes'] if c else 1} | {runs[n]['wall_s']} | {runs[n]['judge_s']} | "
+        judged = "" if whole(runs[n], count) else f" (cut off: {len(runs[n]['verdicts'])}/{count} judged)"
+        lines.append(f"| {n} | {c['lanes'] if c else 1} | {runs[n]['wall_s']}{judged} | {runs[n]['judge_s']} | "
                      f"{'yes' if not c or c['statuses_identical'] else 'no'} | {inside_n} |")
     return "\n".join([*lines, ""]), numbers
 
@@ -91,7 +102,8 @@ def main() -> None:
     corpus_arguments(parser, problems=24, per_problem=2)
     parser.add_argument("--gpus", type=int, default=4, help="the most GPUs to use (runs on 1, 2, ... up to it)")
     parser.add_argument("--jobs", type=int, default=16)
-    parser.add_argument("--deadline", type=float, default=180.0, help="seconds each kbeval run may take")
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds each warm kbeval run may take "
+                        "(a run cut off is said so and its speedup not given)")
     parser.add_argument("--out-md", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
     tree = Path(tempfile.mkdtemp(prefix="kbeval-gpus-"))
