@@ -25,6 +25,12 @@ PRIOR_SD = 0.005
 PRIOR_SD_CPU = 0.05
 PRIOR_ABS_MS = 0.00015  # and, for short calls, 0.15 us of absolute time: two processes timing one 6 us kernel
 # differed by up to 4 % on an H200 (KernelBench level 1 at its 2025 sizes, docs/benchmarks.md)
+# And on a GPU, calls up to about PRIOR_SHORT_MS move PRIOR_SHORT_SD more between processes: 398 identical copies of
+# KernelBench levels 1-2 on H200s (both sizes, docs/benchmarks.md, "Between processes") landed +-1.1-1.3 % apart
+# (robust sd of log speedup) at 10-80 us a call, tails to 10 %, against 0.05 % at 1 ms and more; with the two
+# terms above alone, 64 of 77 intervals at 20-80 us held 1.0, with this one 74 (the 5-20 us band kept 30/30)
+PRIOR_SHORT_SD = 0.012
+PRIOR_SHORT_MS = 0.08
 PRIOR_DF = 8
 RESOLVES = 1.10  # an interval wider than this factor each side (sqrt(high / low)) cannot tell 10 % apart
 
@@ -50,10 +56,14 @@ def between_sessions(per_call: Sequence[float]) -> tuple[float, int] | None:
 
 
 def prior_sd(time_ms: float | None = None, device: str = "cuda") -> float:
-    """The between-session sd assumed before sessions are seen: PRIOR_SD (PRIOR_SD_CPU on a CPU), and PRIOR_ABS_MS
-    of `time_ms` where the call is short enough that the absolute floor dominates."""
+    """The between-session sd assumed before sessions are seen: PRIOR_SD (PRIOR_SD_CPU on a CPU), PRIOR_ABS_MS of
+    `time_ms` where the call is short enough that the absolute floor dominates, and on a GPU the short-call term
+    (PRIOR_SHORT_SD, fading out past PRIOR_SHORT_MS), each in quadrature."""
     base = PRIOR_SD_CPU if device == "cpu" else PRIOR_SD
-    return math.hypot(base, PRIOR_ABS_MS / time_ms) if time_ms else base
+    if not time_ms:
+        return base
+    short = 0.0 if device == "cpu" else PRIOR_SHORT_SD / (1 + (time_ms / PRIOR_SHORT_MS) ** 4)
+    return math.sqrt(base**2 + (PRIOR_ABS_MS / time_ms) ** 2 + short**2)
 
 
 def pooled(between: tuple[float, int], time_ms: float | None = None, device: str = "cuda") -> tuple[float, int]:
