@@ -46,7 +46,7 @@ def run_on(tree: Path, gpus: int, run_id: str, jobs: int, deadline: float) -> di
 
 def _brief(v: dict) -> dict:
     return {"status": v["status"], "speedup": v.get("speedup"), "ci": v.get("speedup_vs_eager_ci"),
-            "lane": v.get("lane")}
+            "lane": v.get("lane"), "lane_s": v.get("wall_seconds")}
 
 
 def compare(single: dict, several: dict) -> dict:
@@ -61,7 +61,25 @@ def compare(single: dict, several: dict) -> dict:
             timed += 1
             inside += alone["ci"][0] <= beside["speedup"] <= alone["ci"][1]
     return {"candidates": len(both), "statuses_identical": same == len(both) == len(single["verdicts"]),
-            "inside": inside, "timed": timed, "lanes": len({v["lane"] for v in several["verdicts"].values()})}
+            "inside": inside, "timed": timed, "lanes": len({v["lane"] for v in several["verdicts"].values()}),
+            "lane_s_ratio": _lane_seconds_ratio(single, several, both), "busiest_lane_s": _busiest(several)}
+
+
+def _lane_seconds_ratio(single: dict, several: dict, both: list[str]) -> float | None:
+    """The same candidates' lane seconds beside other lanes over alone: above 1, the lanes slow each other
+    (a shared host, the harness's one process); about 1 with a judging phase short of linear, the lanes were
+    unevenly loaded or waited for work (the tail)."""
+    alone = sum(single["verdicts"][k].get("lane_s") or 0 for k in both)
+    beside = sum(several["verdicts"][k].get("lane_s") or 0 for k in both)
+    return round(beside / alone, 3) if alone and beside else None
+
+
+def _busiest(run: dict) -> float | None:
+    """The most lane seconds one lane spent judging: the judging phase can be no shorter."""
+    per_lane: dict[str, float] = {}
+    for v in run["verdicts"].values():
+        per_lane[v["lane"]] = per_lane.get(v["lane"], 0.0) + (v.get("lane_s") or 0.0)
+    return round(max(per_lane.values()), 1) if per_lane and any(per_lane.values()) else None
 
 
 def whole(run: dict, count: int) -> bool:
@@ -86,13 +104,19 @@ def section(runs: dict[int, dict], checks: dict[int, dict], count: int, command:
     numbers["gpus_inside_single_lane_interval"] = f"{inside}/{timed}"
     lines = [SECTION, "", "```", *(f"{k}: {v}" for k, v in numbers.items()), "```", "", machine_line("cuda"),
              f"Command: `{command}`. {count} candidates, warm (builds cached by a cold run first), "
-             "`--no-compile-baseline`.", "", "| GPUs | lanes used | wall (s) | judging phase (s) | statuses as on 1 |"
-             " speedup inside its 1-GPU interval |", "|---:|---:|---:|---:|---|---|"]
+             "`--no-compile-baseline`. *Lane s vs 1 GPU*: the same candidates' lane seconds over their lane seconds "
+             "alone (above 1: lanes slow each other); *busiest lane*: the most lane seconds one lane spent (the "
+             "judging phase can be no shorter).", "",
+             "| GPUs | lanes used | wall (s) | judging phase (s) | busiest lane (s) | lane s vs 1 GPU | "
+             "statuses as on 1 | speedup inside its 1-GPU interval |", "|---:|---:|---:|---:|---:|---:|---|---|"]
     for n in sorted(runs):
         c = checks.get(n)
         inside_n = f"{c['inside']}/{c['timed']}" if c else "-"
         judged = "" if whole(runs[n], count) else f" (cut off: {len(runs[n]['verdicts'])}/{count} judged)"
+        busiest = _busiest(runs[n])
+        ratio = c.get("lane_s_ratio") if c else None
         lines.append(f"| {n} | {c['lanes'] if c else 1} | {runs[n]['wall_s']}{judged} | {runs[n]['judge_s']} | "
+                     f"{'-' if busiest is None else busiest} | {'-' if ratio is None else ratio} | "
                      f"{'yes' if not c or c['statuses_identical'] else 'no'} | {inside_n} |")
     return "\n".join([*lines, ""]), numbers
 

@@ -84,8 +84,8 @@ def test_several_gpus_are_judged_against_one_lane_alone():
     counted inside or outside the interval it had alone; the judging phases give the speedup lines."""
     import gpu_scaling
 
-    def verdict(status, speedup, ci, lane):
-        return {"status": status, "speedup": speedup, "ci": ci, "lane": lane}
+    def verdict(status, speedup, ci, lane, lane_s=None):
+        return {"status": status, "speedup": speedup, "ci": ci, "lane": lane, "lane_s": lane_s}
 
     one = {"rc": 0, "wall_s": 20.0, "judge_s": 16.0, "verdicts": {
         "p/a": verdict("ok", 1.0, [0.98, 1.02], "cuda:0"), "p/b": verdict("ok", 1.0, [0.98, 1.02], "cuda:0"),
@@ -94,7 +94,8 @@ def test_several_gpus_are_judged_against_one_lane_alone():
         "p/a": verdict("ok", 1.01, [0.99, 1.03], "cuda:0"), "p/b": verdict("ok", 1.05, [1.03, 1.07], "cuda:1"),
         "q/c": verdict("incorrect", None, None, "cuda:1")}}
     check = gpu_scaling.compare(one, two)
-    assert check == {"candidates": 3, "statuses_identical": True, "inside": 1, "timed": 2, "lanes": 2}
+    assert check == {"candidates": 3, "statuses_identical": True, "inside": 1, "timed": 2, "lanes": 2,
+                     "lane_s_ratio": None, "busiest_lane_s": None}  # no lane seconds recorded: none derived
     worse = {**two, "verdicts": {**two["verdicts"], "q/c": verdict("ok", 1.0, [0.9, 1.1], "cuda:1")}}
     assert gpu_scaling.compare(one, worse)["statuses_identical"] is False
     _, numbers = gpu_scaling.section({1: one, 2: two}, {2: check}, 3, "cmd")
@@ -108,6 +109,27 @@ def test_several_gpus_are_judged_against_one_lane_alone():
     assert "(cut off: 2/3 judged)" in text
     _, numbers = gpu_scaling.section({1: one, 2: {**two, "rc": None}}, {2: check}, 3, "cmd")
     assert numbers["gpus2_judging_speedup"] == "not measured (the run on 2 GPU(s) was cut off)"
+
+
+
+def test_gpu_scaling_tells_lanes_slowing_each_other_from_uneven_lanes():
+    """Judging short of linear on N GPUs is either contention (the same candidates take more lane seconds beside
+    other lanes) or imbalance (as many lane seconds, but one lane had more of them): the bench tells which."""
+    import gpu_scaling
+
+    def run(lanes_s: dict[str, tuple[str, float]]) -> dict:
+        return {"rc": 0, "wall_s": 1.0, "judge_s": 1.0, "verdicts": {
+            k: {"status": "ok", "speedup": 1.0, "ci": [0.9, 1.1], "lane": lane, "lane_s": s}
+            for k, (lane, s) in lanes_s.items()}}
+
+    alone = run({"p/a": ("cuda:0", 2.0), "p/b": ("cuda:0", 2.0), "q/c": ("cuda:0", 4.0)})
+    slowed = run({"p/a": ("cuda:0", 3.0), "p/b": ("cuda:0", 3.0), "q/c": ("cuda:1", 6.0)})
+    uneven = run({"p/a": ("cuda:0", 2.0), "p/b": ("cuda:0", 2.0), "q/c": ("cuda:1", 4.0)})
+    assert gpu_scaling.compare(alone, slowed)["lane_s_ratio"] == 1.5
+    assert gpu_scaling.compare(alone, uneven)["lane_s_ratio"] == 1.0
+    assert gpu_scaling.compare(alone, uneven)["busiest_lane_s"] == 4.0
+    text, _ = gpu_scaling.section({1: alone, 2: slowed}, {2: gpu_scaling.compare(alone, slowed)}, 3, "cmd")
+    assert "| 2 | 2 | 1.0 | 1.0 | 6.0 | 1.5 | yes | 3/3 |" in text
 
 
 def test_a_run_finished_in_a_second_call_counts_both_sessions():
