@@ -1,5 +1,6 @@
-"""bench/kernelbench_selftest.py's issue-35 lines, on known rows: the interval widths of identical copies by the
-reference's time a call, and how many cover 1.0. A copy that did not resolve counts against the goal."""
+"""The self-test's bench tools. bench/kernelbench_selftest.py's issue-35 lines, on known rows: the interval widths of
+identical copies by the reference's time a call, and how many cover 1.0 (a copy that did not resolve counts against
+the goal); bench/process_spread.py, which times one problem in fresh processes, on the CPU."""
 
 from __future__ import annotations
 
@@ -43,3 +44,25 @@ def test_width_lines_say_when_nothing_resolved() -> None:
     assert twenty.startswith("small_kernel_ci_halfwidth_20us: 0/1 within +-3% (no interval")
     assert five.startswith("small_kernel_ci_halfwidth_5us: 0/0")
     assert covering.startswith("selftest_current_covering_one: 0/0")
+
+
+def test_process_spread_times_a_problem_in_fresh_processes(tmp_path: Path) -> None:
+    """bench/process_spread.py, on the CPU: each child reports its calls' median and the operators one call ran;
+    the summary gives the spread between processes and how many distinct kernel lists they ran. A problem that
+    fails in a child is a row with its error, not a crash."""
+    import process_spread
+
+    good = tmp_path / "relu.py"
+    good.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.relu(x)\ndef get_inputs():\n    return [torch.randn(64, 64)]\n"
+                    "def get_init_inputs():\n    return []\n")
+    rows = [process_spread.one_process(good, 0.0, 20, "cpu", 120.0) for _ in range(2)]
+    assert all(r["median_ms"] > 0 and "aten::relu" in r["kernels"] for r in rows)
+    summary = process_spread.summarize(rows)
+    assert summary["processes"] == 2 and summary["failed"] == 0 and summary["kernel_lists"] == 1
+    assert summary["spread"] >= 1.0
+    bad = tmp_path / "bad.py"
+    bad.write_text(good.read_text().replace("return [torch.randn(64, 64)]", "raise ValueError('no inputs')"))
+    failed = process_spread.one_process(bad, 0.0, 5, "cpu", 120.0)
+    assert "no inputs" in failed["error"]
+    assert process_spread.summarize([failed, rows[0]])["failed"] == 1
