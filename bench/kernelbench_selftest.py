@@ -102,7 +102,8 @@ def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float
             rows.append(row | {"level": level, "lane_seconds": v.get("wall_seconds"),
                                "reference_peak_bytes": memory.get("reference_peak_bytes"),
                                "candidate_peak_bytes": memory.get("candidate_peak_bytes"),
-                               "memory_fits": memory.get("fits"), "timing": v.get("timing")})
+                               "memory_fits": memory.get("fits"), "timing": v.get("timing"),
+                               "lane": v.get("lane")})  # which GPU: a deviation that follows one card is the card's
         print(f"{level}: {summary['not_ok']} not ok, {summary['excluded']} intervals exclude 1 "
               f"(at most {summary['allowed']} by chance), {len(summary['rows'])} problems, "
               f"{time.monotonic() - started:.0f} s", flush=True)
