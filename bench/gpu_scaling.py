@@ -62,7 +62,7 @@ def compare(single: dict, several: dict) -> dict:
             inside += alone["ci"][0] <= beside["speedup"] <= alone["ci"][1]
     return {"candidates": len(both), "statuses_identical": same == len(both) == len(single["verdicts"]),
             "inside": inside, "timed": timed, "lanes": len({v["lane"] for v in several["verdicts"].values()}),
-            "lane_s_ratio": _lane_seconds_ratio(single, several, both), "busiest_lane_s": _busiest(several)}
+            "lane_s_ratio": _lane_seconds_ratio(single, several, both)}
 
 
 def _lane_seconds_ratio(single: dict, several: dict, both: list[str]) -> float | None:

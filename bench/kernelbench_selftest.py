@@ -25,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchdoc import REPO  # (puts this checkout first on the path, for the harness's own helpers)
+
+from kernelbench_eval.run.selftest import resolution
+
 LEVELS = ("level1", "level2", "level3")
 NOTICE = "Problems from KernelBench (https://github.com/ScalingIntelligence/KernelBench), MIT licence, commit {}.\n"
 SPEEDUP_RANGE = (0.97, 1.03)
@@ -77,7 +80,7 @@ def run(problems: Path, label: str, out: Path, extra: list[str], deadline: float
                "--out", str(results), *only, *extra]
         log, printed = out / f"{level}.log", out / f"{level}.json"
         with log.open("w") as sink, printed.open("w") as answer:
-            proc = subprocess.Popen(cmd, stdout=answer, stderr=sink, text=True, cwd=ROOT,
+            proc = subprocess.Popen(cmd, stdout=answer, stderr=sink, text=True, cwd=REPO,
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
             try:
                 proc.wait(timeout=max(1.0, deadline - (time.monotonic() - started)))
@@ -158,9 +161,9 @@ def passes(row: dict) -> bool:
 
 
 def half_width(row: dict) -> float | None:
-    """The interval's geometric half-width, sqrt(high / low) - 1: +-3 % reads 0.03."""
-    ci = row.get("ci")
-    return (ci[1] / ci[0]) ** 0.5 - 1 if ci and ci[0] > 0 else None
+    """The interval's geometric half-width as a fraction (`selftest.resolution` less 1): +-3 % reads 0.03."""
+    factor = resolution(row.get("ci"))
+    return None if factor is None else factor - 1
 
 
 def width_lines(rows: list[dict], label: str) -> list[str]:

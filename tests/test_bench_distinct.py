@@ -95,7 +95,7 @@ def test_several_gpus_are_judged_against_one_lane_alone():
         "q/c": verdict("incorrect", None, None, "cuda:1")}}
     check = gpu_scaling.compare(one, two)
     assert check == {"candidates": 3, "statuses_identical": True, "inside": 1, "timed": 2, "lanes": 2,
-                     "lane_s_ratio": None, "busiest_lane_s": None}  # no lane seconds recorded: none derived
+                     "lane_s_ratio": None}  # no lane seconds recorded: none derived
     worse = {**two, "verdicts": {**two["verdicts"], "q/c": verdict("ok", 1.0, [0.9, 1.1], "cuda:1")}}
     assert gpu_scaling.compare(one, worse)["statuses_identical"] is False
     _, numbers = gpu_scaling.section({1: one, 2: two}, {2: check}, 3, "cmd")
@@ -127,7 +127,7 @@ def test_gpu_scaling_tells_lanes_slowing_each_other_from_uneven_lanes():
     uneven = run({"p/a": ("cuda:0", 2.0), "p/b": ("cuda:0", 2.0), "q/c": ("cuda:1", 4.0)})
     assert gpu_scaling.compare(alone, slowed)["lane_s_ratio"] == 1.5
     assert gpu_scaling.compare(alone, uneven)["lane_s_ratio"] == 1.0
-    assert gpu_scaling.compare(alone, uneven)["busiest_lane_s"] == 4.0
+    assert gpu_scaling._busiest(uneven) == 4.0
     text, _ = gpu_scaling.section({1: alone, 2: slowed}, {2: gpu_scaling.compare(alone, slowed)}, 3, "cmd")
     assert "| 2 | 2 | 1.0 | 1.0 | 6.0 | 1.5 | yes | 3/3 |" in text
 
