@@ -28,15 +28,17 @@ from benchdoc import machine_line, out_dir
 
 CHILD = r"""
 import importlib.util, json, sys, time, torch
-path, hold_gib, calls, device = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+path, hold_gib, calls, device, where = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 spec = importlib.util.spec_from_file_location("problem", path)
 mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-held = torch.empty(int(hold_gib * 2**30), dtype=torch.uint8, device=device) if hold_gib else None
+hold = lambda: torch.empty(int(hold_gib * 2**30), dtype=torch.uint8, device=device) if hold_gib else None
+held = hold() if where == "before" else None
 torch.manual_seed(0)
 model = mod.Model(*mod.get_init_inputs()).to(device)
 torch.manual_seed(1)
 inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
 flush = torch.empty(256 << 20, dtype=torch.uint8, device=device) if device == "cuda" else None
+held = hold() if where == "after" else held
 times = []
 with torch.no_grad():
     for i in range(calls + 10):
@@ -63,9 +65,29 @@ print(json.dumps({"times": times, "kernels": names, "free_bytes": free}))
 """
 
 
-def one_process(problem: Path, hold_gib: float, calls: int, device: str, timeout: float) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(problem), str(hold_gib), str(calls), device],
-                          capture_output=True, text=True, timeout=timeout)
+BALLAST = r"""
+import sys, torch
+held = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda")
+print("held", flush=True); sys.stdin.read()
+"""
+
+
+def one_process(problem: Path, hold_gib: float, calls: int, device: str, timeout: float,
+                where: str = "before") -> dict:
+    """One child; `where` the memory is held: in the child `before` or `after` it builds the model and inputs,
+    or in another process (`other`: a ballast, as the KernelBench self-test's, started here for this child)."""
+    ballast = None
+    if where == "other" and hold_gib:
+        ballast = subprocess.Popen([sys.executable, "-c", BALLAST, str(hold_gib)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        ballast.stdout.readline()
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(problem), str(hold_gib), str(calls), device, where],
+                              capture_output=True, text=True, timeout=timeout)
+    finally:
+        if ballast is not None:
+            ballast.kill()
+            ballast.wait()
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]}
     row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,6 +113,8 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--hold-gib", default="0", help="comma-separated: device memory each child holds first")
+    parser.add_argument("--hold-where", default="before", choices=["before", "after", "other"],
+                        help="held in the child before or after it builds the model, or by another process")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a child may take")
     args = parser.parse_args()
@@ -101,13 +125,15 @@ def main() -> int:
     if not args.problem.is_file():
         print(f"process_spread: {args.problem}: no such problem file", file=sys.stderr)
         return 2
-    report: dict = {"problem": args.problem.name, "machine": machine_line(args.device), "levels": {}}
+    report: dict = {"problem": args.problem.name, "machine": machine_line(args.device), "hold_where": args.hold_where,
+                    "levels": {}}
     for hold in [float(h) for h in args.hold_gib.split(",")]:
-        rows = [one_process(args.problem, hold, args.calls, args.device, args.timeout) for _ in range(args.processes)]
+        rows = [one_process(args.problem, hold, args.calls, args.device, args.timeout, args.hold_where)
+                for _ in range(args.processes)]
         summary = summarize(rows)
         report["levels"][str(hold)] = {"summary": summary, "rows": rows}
         medians = ", ".join(f"{r['median_ms']:.4f}" if "median_ms" in r else "failed" for r in rows)
-        print(f"{args.problem.stem} hold {hold:g} GiB: per-process median ms [{medians}]; spread "
+        print(f"{args.problem.stem} hold {hold:g} GiB {args.hold_where}: per-process median ms [{medians}]; spread "
               f"{summary['spread']}, {summary['kernel_lists']} distinct kernel list(s)", flush=True)
         for r in rows:
             if "error" in r:

@@ -81,14 +81,15 @@ def run_kernelbench(kb: Path, tree: Path) -> dict:
     return {"wall_s": wall, **phases, "rows": rows}
 
 
-def run_kbeval(tree: Path, cache: Path, run_id: str, jobs: int) -> dict:
-    path = f"{REPO}:{os.environ.get('PYTHONPATH', '')}"
+def run_kbeval(tree: Path, cache: Path, run_id: str, jobs: int, root: Path = REPO) -> dict:
+    """`kbeval run` of the checkout at `root` (another tree's, for bench/tree_overhead.py) on `tree`'s corpus."""
+    path = f"{root}:{os.environ.get('PYTHONPATH', '')}"
     env = dict(os.environ, KBEVAL_CACHE_DIR=str(cache), COLUMNS="200", PYTHONPATH=path)
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "kernelbench_eval", "run", "--device", "cuda", "--problems",
                            str(tree / "problems"), "--candidates", str(tree / "candidates"), "--out",
                            str(tree / "results"), "--run-id", run_id, "--jobs", str(jobs)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=3000)
+                          cwd=root, env=env, capture_output=True, text=True, timeout=3000)
     wall = time.monotonic() - started
     print(proc.stdout[-4000:], proc.stderr[-2000:], flush=True)
     path = tree / "results" / run_id / "verdicts.jsonl"

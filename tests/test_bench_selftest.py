@@ -1,6 +1,7 @@
 """The self-test's bench tools. bench/kernelbench_selftest.py's issue-35 lines, on known rows: the interval widths of
 identical copies by the reference's time a call, and how many cover 1.0 (a copy that did not resolve counts against
-the goal); bench/process_spread.py, which times one problem in fresh processes, on the CPU."""
+the goal); bench/process_spread.py, which times one problem in fresh processes, on the CPU; bench/tree_overhead.py's
+reading of two trees' verdicts, on known verdicts."""
 
 from __future__ import annotations
 
@@ -66,3 +67,34 @@ def test_process_spread_times_a_problem_in_fresh_processes(tmp_path: Path) -> No
     failed = process_spread.one_process(bad, 0.0, 5, "cpu", 120.0)
     assert "no inputs" in failed["error"]
     assert process_spread.summarize([failed, rows[0]])["failed"] == 1
+    held_after = process_spread.one_process(good, 0.01, 5, "cpu", 120.0, where="after")
+    assert held_after["median_ms"] > 0 and "error" not in held_after
+
+
+def _verdict(candidate: str, status: str, wall: float, compile_s: float, call_wall: float | None = None,
+             runtime: float = -1.0, phases: dict | None = None) -> dict:
+    timing = {"wall_ms_per_call": call_wall, "phases": phases or {}} if call_wall is not None else None
+    return {"problem": "71_x", "candidate": candidate, "status": status, "wall_seconds": wall,
+            "compile_seconds": compile_s, "runtime_ms": runtime, "timing": timing}
+
+
+def test_tree_overhead_reads_lane_seconds_and_the_overhead_per_call() -> None:
+    """Per candidate and tree: medians over the warm runs of its lane seconds (wall without compile) and of the
+    harness's clock per timed call minus the runtime; the ratio line is the median over shared candidates of new
+    over old; an untimed verdict has no overhead, and a candidate only one tree judged is left out of the ratio."""
+    import tree_overhead as to
+
+    old_runs = [{"verdicts": [_verdict("a", "ok", 2.0, 0.5, 2.0, 1.5, {"timing": 0.8}),
+                              _verdict("b", "incorrect", 0.7, 0.0)]},
+                {"verdicts": [_verdict("a", "ok", 2.2, 0.0, 2.1, 1.5, {"timing": 1.0}),
+                              _verdict("b", "incorrect", 0.9, 0.0)]}]
+    new_runs = [{"verdicts": [_verdict("a", "ok", 3.0, 0.0, 3.0, 1.5, {"timing": 1.2}),
+                              _verdict("c", "ok", 1.0, 0.0, 1.1, 1.0)]}]
+    old, new = to.per_candidate(old_runs), to.per_candidate(new_runs)
+    assert old[("71_x", "a")]["lane_s"] == 1.85 and abs(old[("71_x", "a")]["overhead_ms"] - 0.55) < 1e-9
+    assert old[("71_x", "b")]["overhead_ms"] is None and old[("71_x", "b")]["statuses"] == ["incorrect"]
+    assert abs(to.ratio_of_medians(old, new, "overhead_ms") - 1.5 / 0.55) < 1e-9  # b untimed, c only new
+    assert abs(to.ratio_of_medians(old, new, "lane_s") - 3.0 / 1.85) < 1e-9
+    assert to.phase_medians(old_runs) == {"timing": 0.9}
+    lines = to.table(old, new, ("old", "new"))
+    assert len(lines) == 2 + 3 and "ok / ok" in lines[2] and "/ ok" in lines[4]

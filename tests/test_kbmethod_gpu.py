@@ -108,9 +108,15 @@ def test_the_2025_method_times_a_launch_bound_model_with_its_launches_as_kernelb
             a = a + 1
         return a
 
-    plain = _plain(model, [x], kbmethod.JAN2025, 100)
-    ours = statistics.fmean(_ours(model, [x], kbmethod.JAN2025, 100)[2].event_ms)
-    assert ours == pytest.approx(plain, rel=0.25)
+    plains, ours, ratios = [], [], []
+    for _ in range(3):  # alternated: a loop's host speed drifts (a lone pair was 0.30 against 0.44, then 0.52 to 0.41)
+        plains.append(_plain(model, [x], kbmethod.JAN2025, 100))
+        block = _ours(model, [x], kbmethod.JAN2025, 100)[2]
+        ours.append(statistics.fmean(block.event_ms))
+        ratios.append(statistics.median(e / h for e, h in zip(block.event_ms, block.launch_ms, strict=True)))
+    assert statistics.median(ours) == pytest.approx(statistics.median(plains), rel=0.25)
+    # the events span the host's launching of the forty kernels (the GPU waits on it): nothing covers it
+    assert statistics.median(ratios) > 0.8, ratios
 
 
 def test_both_methods_end_to_end_with_their_own_baselines(tmp_path, build_cache):
