@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from benchdoc import REPO, machine_line, usable_cores, write_section
@@ -122,10 +121,9 @@ def main() -> None:
         {"trees": {k: str(v) for k, v in trees.items()}, "cold": cold, "warm": warm, "numbers": numbers}, indent=1))
     walls = "; ".join(f"{label}: cold {cold[label]['wall_s']:.1f} s, warm "
                       + ", ".join(f"{w['wall_s']:.1f}" for w in warm[label]) + " s" for label in trees)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = "\n".join([
         SECTION, "", "```", *(f"{k}: {v:.3g}" for k, v in numbers.items()), "```", "",
-        f"{machine_line('cuda')}; {when}. {count} GPU candidates of the seed corpus "
+        f"{machine_line('cuda')}. {count} GPU candidates of the seed corpus "
         f"({', '.join(args.problem) or 'every problem'}), real sizes; trees {args.old_label} (old) and "
         f"{args.new_label} (new). Command: `python3 bench/tree_overhead.py --old .old --old-label {args.old_label}"
         + "".join(f" --problem {p}" for p in args.problem) + f" --rounds {args.rounds} --jobs {args.jobs}`. "
