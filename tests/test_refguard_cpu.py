@@ -410,3 +410,36 @@ def test_what_an_earlier_candidate_left_is_put_back_before_the_next_starts():
     finally:
         proc.kill()
         proc.wait()
+
+
+class _Logged(_Recorder):
+    """A worker that writes its name into a shared log at each timed call."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def call(self, req, timeout, poll=0.0):  # noqa: ANN001, ANN201
+        if req.schedule:
+            self.log.append(self.name)
+        return super().call(req, timeout, poll)
+
+
+@pytest.mark.parametrize("device, checked, expected", [
+    ("cpu", True, "CR|CR|CR|CR"),  # the check runs in the reference's process: the candidate goes first every time
+    ("cpu", False, "RC|CR|RC|CR"),  # no check between blocks: ABBA
+    ("cuda", True, "RC|CR|RC|CR"),  # on a GPU the L2 is flushed before every call: ABBA
+])
+def test_who_goes_first_in_each_block(device: str, checked: bool, expected: str):
+    """On the CPU a call after its own process's work ran faster than one after another process's: with ABBA and
+    the check (in the reference's process) after every block, the reference followed its own check in every other
+    block and identical copies came out at 0.68-0.98. There the candidate goes first in every block."""
+    log: list[str] = []
+    marks: list[int] = []
+    ref, cand = TimedModel(_Logged("R", log)), TimedModel(_Logged("C", log))  # type: ignore[arg-type]
+    settings = RunSettings(device=device, reps=4, max_reps=4, timing_budget=60, warmup=1)
+    after = (lambda block, schedule: marks.append(len(log))) if checked else None
+    blocks = measure([ref, cand], ["a"], settings, Deadline(60), calls_per_block=1, after_block=after).blocks
+    assert blocks == 4
+    assert "|".join("".join(log[i:i + 2]) for i in range(0, len(log), 2)) == expected
+    assert marks == ([2, 4, 6, 8] if checked else [])

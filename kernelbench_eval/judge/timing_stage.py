@@ -17,7 +17,7 @@ import time
 from kernelbench_eval.common.exchange import item_bytes, slot_bytes
 from kernelbench_eval.isolation import gpus
 from kernelbench_eval.judge.candidate_run import CandidateRun
-from kernelbench_eval.judge.measure import Call, TimedModel, measure, sm_clock_mhz
+from kernelbench_eval.judge.measure import Call, TimedModel, measure
 from kernelbench_eval.judge.plausibility import assess
 from kernelbench_eval.judge.refguard import Agreement, Guard, StandIn
 from kernelbench_eval.judge.timing_record import Interleaved, TimedResult, record
@@ -129,7 +129,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> Interleaved | No
             raise _WrongOutput
 
     gpu = ref_side.env.get(gpus.VISIBLE)  # the lane's GPU
-    clocks = [sm_clock_mhz(gpu)] if settings.device == "cuda" else []
+    clocks = [gpus.sm_clock_mhz(gpu)] if settings.device == "cuda" else []
     started = time.monotonic()
     try:
         result = measure([ref, cand], lender.timing_sets(), settings, run.deadline, calls_per_block, check)
@@ -139,7 +139,7 @@ def _measure_blocks(run: CandidateRun, calls_per_block: int) -> Interleaved | No
     except BaseException:
         guard.release()
         raise
-    clocks += [sm_clock_mhz(gpu)] if clocks else []
+    clocks += [gpus.sm_clock_mhz(gpu)] if clocks else []
     return Interleaved(ref, cand, result.blocks, checked, clocks, time.monotonic() - started, guard, in_place,
                   calls_per_block)
 
