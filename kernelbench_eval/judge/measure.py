@@ -157,11 +157,10 @@ def measure(timed: list[TimedModel], input_sets: list[str], settings: RunSetting
 
 def block_order(timed: list[TimedModel], blocks: int, device: str, checked: bool) -> list[TimedModel]:
     """Who goes first in block `blocks`: ABBA (clock drift and heat hit both alike), except on the CPU when every
-    block is checked. The check runs in the first model's process (the reference's checker), and on a CPU a call
-    that follows its own process's work runs faster than one that follows another process's: with ABBA the
-    reference followed its own check in every other block and the candidate never did, and identical copies of
-    19_ReLU and 20_LeakyReLU came out at 0.68-0.98 (copies 0.97-1.04 with the check left out, 2026-11-28, the 2-core
-    box). The candidate first in every block puts each model's call after the other process's work."""
+    block is checked. The check runs in the first model's process (the reference's checker): with ABBA that process
+    ran its call, the check and its next call back to back in every other block, and identical copies came out
+    slow (12 of 19_ReLU, 20_LeakyReLU, 22_Tanh, 32_HardTanh: median 0.89; 0.97-1.04 with the check left out). The
+    candidate first in every block: median 0.94-0.96 (docs/benchmarks.md, CPU self-test; the rest not found)."""
     if device == "cpu" and checked and len(timed) == 2:
         return timed[::-1]
     return timed if blocks % 2 == 0 else timed[::-1]

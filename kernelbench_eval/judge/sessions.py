@@ -21,7 +21,7 @@ from collections.abc import Sequence
 PRIOR_SD = 0.005
 # On a CPU, two processes timing one op land further apart: on the 2-core CI box identical copies of KernelBench's
 # level-1 activations came out 0.84-0.88 in one harness session and 1.08-1.13 in the next (every problem of a
-# session shifted together; the low ones partly the order of calls around the check, fixed since in
+# session shifted together; the low ones partly the order of calls around the check, halved since by
 # `measure.block_order`), so the prior there is 5 %
 PRIOR_SD_CPU = 0.05
 PRIOR_ABS_MS = 0.00015  # and, for short calls, 0.15 us of absolute time: two processes timing one 6 us kernel
