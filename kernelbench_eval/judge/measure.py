@@ -160,7 +160,7 @@ def block_order(timed: list[TimedModel], blocks: int, device: str, checked: bool
     block is checked. The check runs in the first model's process (the reference's checker): with ABBA that process
     ran its call, the check and its next call back to back in every other block, and identical copies came out
     slow (12 of 19_ReLU, 20_LeakyReLU, 22_Tanh, 32_HardTanh: median 0.89; 0.97-1.04 with the check left out). The
-    candidate first in every block: median 0.94-0.96 (docs/benchmarks.md, CPU self-test; the rest not found)."""
+    candidate first in every block: median 0.94-0.96; the rest is the candidate's freezing (docs/benchmarks.md)."""
     if device == "cpu" and checked and len(timed) == 2:
         return timed[::-1]
     return timed if blocks % 2 == 0 else timed[::-1]
