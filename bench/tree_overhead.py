@@ -58,7 +58,7 @@ def per_candidate(runs: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 def phase_medians(runs: list[dict]) -> dict[str, float]:
-    """Each timing phase's median seconds over every ok verdict of the runs (where the time of a lane went)."""
+    """Each timing phase's median seconds over every verdict of the runs that has phases (where a lane's time went)."""
     seen: dict[str, list[float]] = {}
     for run in runs:
         for v in run["verdicts"]:
@@ -70,7 +70,7 @@ def phase_medians(runs: list[dict]) -> dict[str, float]:
 def ratio_of_medians(old: dict, new: dict, key: str) -> float:
     """Median over the candidates both trees measured of new / old."""
     ratios = [new[k][key] / old[k][key] for k in old.keys() & new.keys()
-              if old[k][key] and new[k][key] is not None and old[k][key] > 0]
+              if (old[k][key] or 0) > 0 and new[k][key] is not None]
     return statistics.median(ratios) if ratios else float("nan")
 
 
